@@ -1,0 +1,3 @@
+from relayer.cli import run
+
+run()

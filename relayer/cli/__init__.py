@@ -1,0 +1,64 @@
+"""The ``relayer`` command: a thin layer over the library.
+
+Exit status: 0 success; 2 bad configuration or usage (one line naming the field, the value and
+the rule); 1 runtime failure. Each subcommand module exposes ``register(subparsers)`` and sets
+``handler`` on its parser; a handler returns the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from relayer import __version__
+from relayer.cli import demo_command, schema_command
+from relayer.cli.common import EXIT_RUNTIME, EXIT_USAGE, Context
+from relayer.errors import ConfigurationError, RelayerError, UsageError
+from relayer.logs import configure
+from relayer.redact import redact
+
+COMMANDS = (schema_command, demo_command)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="relayer",
+        description="Transactional-outbox relay: PostgreSQL to brokers, in order per key.",
+    )
+    parser.add_argument("--version", action="version", version=f"relayer {__version__}")
+    parser.add_argument(
+        "--config", metavar="FILE", help="TOML configuration file (default: $RELAYER_CONFIG)"
+    )
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", choices=["text", "json"])
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in COMMANDS:
+        module.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    context = Context(arguments)
+    try:
+        settings = context.settings
+        configure(
+            arguments.log_level or settings.log_level, arguments.log_format or settings.log_format
+        )
+        status: int = asyncio.run(arguments.handler(context))
+        return status
+    except (ConfigurationError, UsageError) as exc:
+        print(f"relayer: error: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except RelayerError as exc:
+        print(f"relayer: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        return 130
+
+
+def run() -> None:
+    sys.exit(main())

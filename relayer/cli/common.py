@@ -1,0 +1,24 @@
+"""What every subcommand shares: the parsed arguments and settings loaded on first use."""
+
+from __future__ import annotations
+
+import argparse
+from functools import cached_property
+
+from relayer.settings import RelayerSettings, StoreSettings, load_settings
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+
+
+class Context:
+    def __init__(self, arguments: argparse.Namespace) -> None:
+        self.arguments = arguments
+
+    @cached_property
+    def settings(self) -> RelayerSettings:
+        return load_settings(self.arguments.config)
+
+    def store(self, name: str) -> StoreSettings:
+        return self.settings.store(name)

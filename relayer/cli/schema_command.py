@@ -1,0 +1,62 @@
+"""``relayer schema print|apply|check STORE``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from relayer import schema
+from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
+from relayer.connection import connect
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "schema", help="print, apply or check a store's tables"
+    )
+    actions = parser.add_subparsers(dest="schema_action", metavar="ACTION", required=True)
+    for name, handler, text in (
+        ("print", _print, "print the DDL apply would run on an empty database"),
+        ("apply", _apply, "create or migrate the store's tables (idempotent, concurrency-safe)"),
+        ("check", _check, "report drift between the database and this version (exit 1 on drift)"),
+    ):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("store", help="the store's name in the configuration")
+        action.set_defaults(handler=handler)
+
+
+async def _print(context: Context) -> int:
+    print(schema.render(context.store(context.arguments.store)), end="")
+    return EXIT_OK
+
+
+async def _apply(context: Context) -> int:
+    store = context.store(context.arguments.store)
+    async with await connect(store, purpose="schema") as conn:
+        result = await schema.apply(conn, store)
+    where = f"{store.db_schema}.{store.table_prefix}*"
+    if result.applied:
+        print(f"store {store.name!r} ({where}): applied {', '.join(result.applied)}")
+    else:
+        print(f"store {store.name!r} ({where}): up to date")
+    if result.lanes_changed_from is not None:
+        print(f"lane count changed from {result.lanes_changed_from} to {result.lanes}")
+    print(f"schema version {result.schema_version}, lanes {result.lanes}")
+    return EXIT_OK
+
+
+async def _check(context: Context) -> int:
+    store = context.store(context.arguments.store)
+    async with await connect(store, purpose="schema") as conn:
+        drift = await schema.check(conn, store)
+    if not drift:
+        print(
+            f"store {store.name!r}: matches schema version {schema.latest_version()} "
+            f"(lanes {store.lanes})"
+        )
+        return EXIT_OK
+    version = schema.latest_version()
+    print(f"store {store.name!r}: {len(drift)} difference(s) from schema version {version}:")
+    for item in drift:
+        print(f"  {item}")
+    return EXIT_RUNTIME

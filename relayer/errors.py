@@ -1,0 +1,73 @@
+"""The exception tree: one root, a subtree per concern.
+
+Driver errors are translated once, at the edge (store, writer, transports), with
+``raise ... from exc`` so the original stays reachable for debugging.
+"""
+
+from __future__ import annotations
+
+
+class RelayerError(Exception):
+    """Root of every error relayer raises on purpose."""
+
+
+class ConfigurationError(RelayerError, ValueError):
+    """A setting, argument or identifier is invalid. The CLI exits 2 with its message."""
+
+    def __init__(self, field: str, value: object, rule: str) -> None:
+        self.field = field
+        self.value = value
+        self.rule = rule
+        super().__init__(f"{field}: {value!r} is invalid: {rule}")
+
+
+class UsageError(RelayerError, ValueError):
+    """The caller used an API or a command the wrong way (exit 2 from the CLI)."""
+
+
+class StoreError(RelayerError):
+    """Talking to the outbox store in PostgreSQL failed or found it in an unexpected state."""
+
+
+class SchemaNotAppliedError(StoreError):
+    """The store's tables do not exist (yet) in the configured schema."""
+
+
+class SchemaDriftError(StoreError):
+    """The database's tables differ from what this version of relayer expects."""
+
+
+class LaneCountMismatchError(StoreError):
+    """Writers or workers are configured with a lane count the store was not created with."""
+
+    def __init__(self, store: str, configured: int, recorded: int) -> None:
+        self.store = store
+        self.configured = configured
+        self.recorded = recorded
+        super().__init__(
+            f"store {store!r}: configured lanes={configured} but the store was created with "
+            f"lanes={recorded}; use lanes={recorded}, or drain the outbox and re-apply the "
+            "schema to change the lane count"
+        )
+
+
+class FencedWriteError(StoreError):
+    """A write made under a lease matched fewer rows than expected: the lease was lost."""
+
+
+class InvalidMessageError(RelayerError, ValueError):
+    """An outbox message was rejected before anything was written."""
+
+    def __init__(self, field: str, value: object, rule: str) -> None:
+        self.field = field
+        self.value = value
+        self.rule = rule
+        super().__init__(f"{field}: {value!r} is invalid: {rule}")
+
+
+class TransportError(RelayerError):
+    """A transport could not be created, configured or reached."""
+
+
+class DispatchError(RelayerError):
+    """The dispatch layer was misconfigured or its cluster state is unusable."""

@@ -1,0 +1,56 @@
+"""Keep secrets out of log lines, error messages and reprs.
+
+Every string that may carry a DSN, a broker URL or a transport setting passes through
+:func:`redact` before it is shown to anyone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+MASK = "***"
+
+# user:password@ in any URL (postgresql://, amqp://, amqps://, sasl urls ...).
+_URL_PASSWORD = re.compile(
+    r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]*)(?=@)"
+)
+# password=... in a libpq conninfo string or in a URL query (?password=...&).
+_KEYWORD_SECRET = re.compile(
+    r"(?P<head>\b(?:password|passwd|pass|sslpassword|secret|token|api[_-]?key)\s*=\s*)"
+    r"(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&;]*)",
+    re.IGNORECASE,
+)
+
+_SECRET_NAME = re.compile(
+    r"(password|passwd|secret|token|credential|private[._-]?key|api[._-]?key|"
+    r"sasl\.oauthbearer\.config|ssl\.key\.pem|ssl\.keystore)",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with every password-like part replaced by ``***``."""
+    text = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
+    return _KEYWORD_SECRET.sub(lambda m: m.group("head") + MASK, text)
+
+
+def is_secret_name(name: str) -> bool:
+    """True for setting names whose values are secrets (``sasl.password``, ``api_key``...)."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_mapping(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``values`` fit for display: secret-named values masked, strings redacted."""
+    shown: dict[str, Any] = {}
+    for name, value in values.items():
+        if is_secret_name(name):
+            shown[name] = MASK
+        elif isinstance(value, str):
+            shown[name] = redact(value)
+        elif isinstance(value, Mapping):
+            shown[name] = redact_mapping(value)
+        else:
+            shown[name] = value
+    return shown

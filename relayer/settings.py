@@ -1,0 +1,399 @@
+"""Configuration: one settings object, built at the edge and passed down.
+
+Sources, strongest first: keyword arguments, environment variables (``RELAYER_`` prefix, ``__``
+for nesting, e.g. ``RELAYER_STORES__ORDERS__LANES=32``), then an optional TOML file
+(``--config FILE`` or ``RELAYER_CONFIG``). Every rule is checked at start-up; a violation
+raises :class:`~relayer.errors.ConfigurationError` naming the field, the value and the rule.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from relayer.errors import ConfigurationError
+from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
+from relayer.lanes import MAX_LANES
+from relayer.redact import MASK, is_secret_name, redact, redact_mapping
+
+STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+MIN_LEASE = timedelta(seconds=1)
+MAX_LEASE = timedelta(hours=1)
+MAX_BATCH = 10_000
+_RANGES = {
+    "lanes": (1, MAX_LANES),
+    "batch_size": (1, MAX_BATCH),
+    "max_attempts": (1, 1_000_000),
+    "max_body_bytes": (1, 1024 * 1024 * 1024),
+}
+
+_DURATION = re.compile(r"\s*(?P<number>-?\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h)?\s*")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _parse_duration(value: object) -> object:
+    """Accept seconds as a number, ``"250ms"``/``"30s"``/``"5m"``/``"1h"``, or ISO 8601."""
+    if isinstance(value, str):
+        match = _DURATION.fullmatch(value)
+        if match:
+            unit = match.group("unit") or "s"
+            return timedelta(seconds=float(match.group("number")) * _UNIT_SECONDS[unit])
+        if not value.strip().lstrip("-").startswith("P"):
+            raise ValueError(
+                "must be a duration: seconds as a number, a number with a unit "
+                "('250ms', '30s', '5m', '1h') or ISO 8601 ('PT30S')"
+            )
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+
+
+class TransportSettings(BaseModel):
+    """One named transport of a store: its ``type`` and the options its factory accepts.
+
+    Options other than ``type`` pass through unchanged to the transport (librdkafka settings
+    for Kafka, the connection URL for RabbitMQ, ...). Secret-looking values never show in reprs.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    type: str = Field(min_length=1)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        yield "type", self.type
+        yield "options", redact_mapping(self.options)
+
+
+class StoreSettings(BaseModel):
+    """One outbox store: a PostgreSQL database, a schema and a table prefix, and its tuning."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str = "default"
+    dsn: str | None = Field(default=None, repr=False)
+    db_schema: str = Field(default="public", alias="schema")
+    table_prefix: str = "relayer_"
+    lanes: int = 64
+    lease_duration: Duration = timedelta(seconds=30)
+    poll_interval: Duration = timedelta(seconds=1)
+    batch_size: int = 500
+    max_attempts: int = 10
+    retry_backoff: Duration = timedelta(seconds=1)
+    retry_backoff_max: Duration = timedelta(minutes=5)
+    max_body_bytes: int = 16 * 1024 * 1024
+    notify: bool = True
+    default_transport: str | None = None
+    transports: dict[str, TransportSettings] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not STORE_NAME.fullmatch(value):
+            raise ValueError(
+                "a store name is 1-63 characters: letters, digits, '_', '.' or '-', "
+                "starting with a letter or digit (names are case-sensitive)"
+            )
+        return value
+
+    @field_validator("lanes", "batch_size", "max_attempts", "max_body_bytes")
+    @classmethod
+    def _check_ranges(cls, value: int, info: ValidationInfo) -> int:
+        low, high = _RANGES[str(info.field_name)]
+        if not low <= value <= high:
+            raise ValueError(f"must be an integer from {low:,} to {high:,}")
+        return value
+
+    @field_validator("db_schema")
+    @classmethod
+    def _check_schema(cls, value: str) -> str:
+        return _as_value_error(check_plain_identifier, "schema", value)
+
+    @field_validator("table_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        return _as_value_error(check_table_prefix, "table_prefix", value)
+
+    @field_validator("lease_duration")
+    @classmethod
+    def _check_lease(cls, value: timedelta) -> timedelta:
+        if not MIN_LEASE <= value <= MAX_LEASE:
+            raise ValueError("must be from 1 second to 1 hour")
+        return value
+
+    @field_validator("poll_interval", "retry_backoff", "retry_backoff_max")
+    @classmethod
+    def _check_positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be greater than 0")
+        return value
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> StoreSettings:
+        if self.poll_interval >= self.lease_duration / 3:
+            raise _RelationError(
+                "poll_interval",
+                self.poll_interval.total_seconds(),
+                "must be less than lease_duration / 3 "
+                f"({self.lease_duration.total_seconds() / 3:g} s for lease_duration "
+                f"{self.lease_duration.total_seconds():g} s)",
+            )
+        if self.retry_backoff_max < self.retry_backoff:
+            raise _RelationError(
+                "retry_backoff_max",
+                self.retry_backoff_max.total_seconds(),
+                f"must be at least retry_backoff ({self.retry_backoff.total_seconds():g} s)",
+            )
+        if self.default_transport is not None and self.default_transport not in self.transports:
+            raise _RelationError(
+                "default_transport",
+                self.default_transport,
+                f"must name one of this store's transports ({_names(self.transports)})",
+            )
+        return self
+
+    @property
+    def names(self) -> StoreNames:
+        return StoreNames(self.db_schema, self.table_prefix)
+
+    def require_dsn(self) -> str:
+        """The store's DSN, or a configuration error saying how to set it."""
+        if not self.dsn:
+            raise ConfigurationError(
+                f"stores.{self.name}.dsn",
+                None,
+                f"is required to connect; set it in [stores.{self.name}] or with "
+                f"RELAYER_STORES__{self.name.upper()}__DSN (or RELAYER_DSN for every store)",
+            )
+        return self.dsn
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        yield "name", self.name
+        yield "dsn", redact(self.dsn) if self.dsn else None
+        for field in type(self).model_fields:
+            if field not in ("name", "dsn"):
+                yield field, getattr(self, field)
+
+
+class WorkerSettings(BaseModel):
+    """How a ``relayer run`` process schedules lane scans across its stores."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pool_size: int = Field(default=20, ge=1, le=10_000)
+    policy: Literal["strict", "weighted"] = "weighted"
+    weights: dict[str, int] = Field(default_factory=dict)
+
+    @field_validator("weights")
+    @classmethod
+    def _check_weights(cls, value: dict[str, int]) -> dict[str, int]:
+        for store, weight in value.items():
+            if weight < 1:
+                raise ValueError(f"the weight of store {store!r} is {weight}; weights are >= 1")
+        return value
+
+
+class RelayerSettings(BaseSettings):
+    """Everything a relayer process is configured with."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELAYER_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    dsn: str | None = Field(default=None, repr=False)
+    stores: dict[str, StoreSettings] = Field(default_factory=dict)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("stores", mode="before")
+    @classmethod
+    def _name_stores(cls, value: object) -> object:
+        if isinstance(value, Mapping):
+            named: dict[str, object] = {}
+            for name, store in value.items():
+                named[name] = {"name": name, **store} if isinstance(store, Mapping) else store
+            return named
+        return value
+
+    @model_validator(mode="after")
+    def _check_stores(self) -> RelayerSettings:
+        seen: dict[tuple[str | None, str, str], str] = {}
+        for name, store in self.stores.items():
+            if store.name != name:
+                raise _RelationError(f"stores.{name}.name", store.name, "must match its section")
+            where = (store.dsn or self.dsn, store.db_schema, store.table_prefix)
+            if where in seen:
+                raise _RelationError(
+                    f"stores.{name}",
+                    f"{store.db_schema}.{store.table_prefix}*",
+                    f"uses the same database, schema and table prefix as store "
+                    f"{seen[where]!r}; distinct stores must not share tables",
+                )
+            seen[where] = name
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = _config_file.get()
+        if config_file is None:
+            return (init_settings, env_settings)
+        return (
+            init_settings,
+            env_settings,
+            TomlConfigSettingsSource(settings_cls, toml_file=config_file),
+        )
+
+    def store(self, name: str) -> StoreSettings:
+        """The settings of store ``name``, inheriting the top-level ``dsn`` if it has none."""
+        try:
+            store = self.stores[name]
+        except KeyError:
+            raise ConfigurationError(
+                "store",
+                name,
+                f"is not configured (configured stores: {_names(self.stores)}); add a "
+                f"[stores.{name}] section to the config file or set "
+                f"RELAYER_STORES__{name.upper()}__DSN",
+            ) from None
+        if store.dsn is None and self.dsn is not None:
+            store = store.model_copy(update={"dsn": self.dsn})
+        return store
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        yield "dsn", redact(self.dsn) if self.dsn else None
+        for field in type(self).model_fields:
+            if field != "dsn":
+                yield field, getattr(self, field)
+
+
+_config_file: ContextVar[Path | None] = ContextVar("relayer_config_file", default=None)
+
+
+class _RelationError(ValueError):
+    """A rule that ties several fields together, raised from a model validator."""
+
+    def __init__(self, field: str, value: object, rule: str) -> None:
+        super().__init__(rule)
+        self.field = field
+        self.value = value
+        self.rule = rule
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> RelayerSettings:
+    """Build the settings from ``overrides``, the environment and the TOML ``config_file``.
+
+    ``config_file`` defaults to ``RELAYER_CONFIG``. Raises ConfigurationError on any rule.
+    """
+    path_value = config_file if config_file is not None else os.environ.get("RELAYER_CONFIG")
+    path = Path(path_value) if path_value else None
+    if path is not None:
+        _check_toml(path)
+    token = _config_file.set(path)
+    try:
+        return RelayerSettings(**overrides)
+    except ValidationError as exc:
+        raise configuration_error_from(exc) from None
+    finally:
+        _config_file.reset(token)
+
+
+def store_settings(**values: Any) -> StoreSettings:
+    """Build one StoreSettings from keyword values, translating errors like load_settings."""
+    try:
+        return StoreSettings(**values)
+    except ValidationError as exc:
+        raise configuration_error_from(
+            exc, prefix=f"stores.{values.get('name', 'default')}"
+        ) from None
+
+
+def configuration_error_from(exc: ValidationError, prefix: str = "") -> ConfigurationError:
+    """One ConfigurationError (field, value, rule) for the first problem in ``exc``."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    location = [str(part) for part in first["loc"]]
+    value: object = first.get("input")
+    rule = first["msg"]
+    context = first.get("ctx") or {}
+    error = context.get("error")
+    if isinstance(error, _RelationError):
+        location = [*location, *error.field.split(".")] if error.field else location
+        value, rule = error.value, error.rule
+    elif isinstance(error, ConfigurationError):
+        value, rule = error.value, error.rule
+    elif rule.startswith("Value error, "):
+        rule = rule.removeprefix("Value error, ")
+    field = ".".join(part for part in ([prefix] if prefix else []) + location if part)
+    if not field:
+        field = "settings"
+    if any(is_secret_name(part) or part == "dsn" for part in location):
+        value = MASK if value is not None else None
+    elif isinstance(value, str):
+        value = redact(value)
+    elif isinstance(value, Mapping):
+        value = redact_mapping(value)
+    if len(errors) > 1:
+        rule = f"{rule} (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return ConfigurationError(field or "settings", value, rule)
+
+
+def _as_value_error(check: Any, field: str, value: str) -> str:
+    try:
+        result: str = check(field, value)
+    except ConfigurationError as exc:
+        raise ValueError(exc.rule) from None
+    return result
+
+
+def _names(mapping: Mapping[str, object]) -> str:
+    return ", ".join(repr(name) for name in mapping) or "none"
+
+
+def _check_toml(path: Path) -> None:
+    try:
+        with path.open("rb") as handle:
+            tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigurationError("config", str(path), "the file does not exist") from None
+    except IsADirectoryError:
+        raise ConfigurationError("config", str(path), "is a directory, not a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError("config", str(path), f"is not valid TOML: {exc}") from None

@@ -1,0 +1,73 @@
+"""Named SQL queries, parsed once, composed per store with validated identifiers.
+
+Every statement relayer runs lives in ``queries.sql`` (or a numbered migration). Identifiers
+(schema, tables, indexes) enter only through ``psycopg.sql.Identifier``; values are always
+bound parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+from typing import LiteralString
+
+from psycopg import sql
+
+from relayer.identifiers import INDEX_SUFFIXES, TABLE_SUFFIXES, StoreNames
+
+_HEADER = re.compile(r"^-- name: (?P<name>[a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+def parse_queries(text: str) -> dict[str, str]:
+    """Split a named-query file into {name: statement}."""
+    queries: dict[str, str] = {}
+    matches = list(_HEADER.finditer(text))
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        body = text[match.end() : end].strip()
+        if match["name"] in queries:
+            raise ValueError(f"query {match['name']!r} is defined twice")
+        queries[match["name"]] = body
+    return queries
+
+
+@cache
+def raw_queries() -> dict[str, str]:
+    text = resources.files(__package__).joinpath("queries.sql").read_text("utf-8")
+    return parse_queries(text)
+
+
+def identifiers(names: StoreNames) -> dict[str, sql.Composable]:
+    """The placeholder values for a store: ``{schema}``, every table and every index."""
+    values: dict[str, sql.Composable] = {"schema": sql.Identifier(names.schema)}
+    for role in TABLE_SUFFIXES:
+        values[role] = sql.Identifier(names.schema, names.table(role))
+    for role in INDEX_SUFFIXES:
+        # CREATE INDEX takes an unqualified name: the index lives in its table's schema.
+        values[role] = sql.Identifier(names.index(role))
+    return values
+
+
+def compose(template: str, names: StoreNames) -> sql.Composed:
+    """Compose a statement template with the store's identifiers."""
+    return sql.SQL(template).format(**identifiers(names))
+
+
+class Queries:
+    """Every named query of one store, composed once and rendered to text."""
+
+    def __init__(self, names: StoreNames) -> None:
+        self.names = names
+        self._rendered = {
+            name: compose(template, names).as_string(None)
+            for name, template in raw_queries().items()
+        }
+
+    def __getitem__(self, name: str) -> LiteralString:
+        return self._rendered[name]
+
+
+@cache
+def queries_for(names: StoreNames) -> Queries:
+    return Queries(names)

@@ -1,0 +1,377 @@
+"""The writer: outbox rows inserted in the caller's own transaction.
+
+``Outbox.write`` joins whatever transaction the given connection is in and never opens, commits
+or retries one. Every message is validated before anything is written; a batch is all or
+nothing. Errors raised by the caller's connection itself (serialization failures, deadlocks,
+a lost connection) propagate unchanged, so the application's retry logic sees them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
+
+from relayer.errors import InvalidMessageError, UsageError
+from relayer.ids import uuid7
+from relayer.lanes import lane_for
+from relayer.schema import StoreMeta, verify_meta
+from relayer.settings import RelayerSettings, StoreSettings
+from relayer.sql import queries_for
+
+MAX_KEY_BYTES = 1024
+MAX_DESTINATION_BYTES = 1024
+MAX_HEADERS_BYTES = 64 * 1024
+MAX_TRANSPORT_NAME = 128
+_COPY_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb", "timestamptz")
+
+Row = tuple[UUID, int | None, str | None, str | None, str, bytes, Jsonb, datetime | None]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMessage:
+    """One message for ``write_many``: the same fields ``write`` takes as arguments."""
+
+    destination: str
+    body: bytes
+    key: str | None = None
+    headers: Mapping[str, str] | None = field(default=None)
+    transport: str | None = None
+    deliver_at: datetime | None = None
+
+
+class Outbox:
+    """Writes outbox rows for one store inside the caller's transaction.
+
+    ``conn`` may be a psycopg ``Connection`` or ``AsyncConnection``, or an SQLAlchemy
+    ``Session``, ``Connection``, ``AsyncSession`` or ``AsyncConnection`` using the psycopg
+    driver. The store's recorded lane count is checked once per Outbox, on its first write.
+    """
+
+    def __init__(self, store: StoreSettings) -> None:
+        self.store = store
+        self._queries = queries_for(store.names)
+        self._channel = store.names.notify_channel
+        self._insert = self._queries["insert_message_notify" if store.notify else "insert_message"]
+        self._meta: StoreMeta | None = None
+        self._meta_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: RelayerSettings, store: str) -> Outbox:
+        """The Outbox of the named store (a ConfigurationError if it is not configured)."""
+        return cls(settings.store(store))
+
+    def __repr__(self) -> str:
+        return f"Outbox(store={self.store.name!r}, lanes={self.store.lanes})"
+
+    # -- validation -----------------------------------------------------------------------
+
+    def prepare(self, message: OutboxMessage) -> Row:
+        """Validate one message and turn it into the row to insert (nothing is written)."""
+        destination = _text("destination", message.destination, MAX_DESTINATION_BYTES)
+        if not destination:
+            raise InvalidMessageError("destination", destination, "must not be empty")
+        body = message.body
+        if isinstance(body, bytearray | memoryview):
+            body = bytes(body)
+        if not isinstance(body, bytes):
+            raise InvalidMessageError(
+                "body",
+                _preview(body),
+                f"must be bytes, not {type(body).__name__}; encode it first "
+                "(for example body=json.dumps(event).encode())",
+            )
+        if len(body) > self.store.max_body_bytes:
+            raise InvalidMessageError(
+                "body",
+                f"<{len(body):,} bytes>",
+                f"is larger than this store's max_body_bytes ({self.store.max_body_bytes:,})",
+            )
+        key = message.key
+        lane: int | None = None
+        if key is not None:
+            key = _text("key", key, MAX_KEY_BYTES)
+            if not key:
+                raise InvalidMessageError(
+                    "key", key, "must not be empty; use key=None for an unordered message"
+                )
+            lane = lane_for(key, self.store.lanes)
+        transport = self._transport(message.transport)
+        headers = _headers(message.headers)
+        deliver_at = message.deliver_at
+        if deliver_at is not None:
+            if not isinstance(deliver_at, datetime):
+                raise InvalidMessageError("deliver_at", deliver_at, "must be a datetime or None")
+            if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+                raise InvalidMessageError(
+                    "deliver_at",
+                    deliver_at,
+                    "must be timezone-aware (for example datetime.now(UTC) + timedelta(...))",
+                )
+        return (uuid7(), lane, key, transport, destination, body, Jsonb(headers), deliver_at)
+
+    def _transport(self, name: str | None) -> str | None:
+        if name is None:
+            return self.store.default_transport
+        name = _text("transport", name, MAX_TRANSPORT_NAME)
+        if not name:
+            raise InvalidMessageError(
+                "transport", name, "must not be empty; use None for the default"
+            )
+        if self.store.transports and name not in self.store.transports:
+            known = ", ".join(repr(known) for known in self.store.transports)
+            raise InvalidMessageError(
+                "transport", name, f"is not a transport of store {self.store.name!r} ({known})"
+            )
+        return name
+
+    def _prepare_all(self, messages: Iterable[OutboxMessage]) -> list[Row]:
+        rows: list[Row] = []
+        for index, message in enumerate(messages):
+            if not isinstance(message, OutboxMessage):
+                raise InvalidMessageError(
+                    f"messages[{index}]", type(message).__name__, "must be a relayer.OutboxMessage"
+                )
+            try:
+                rows.append(self.prepare(message))
+            except InvalidMessageError as exc:
+                raise InvalidMessageError(
+                    f"messages[{index}].{exc.field}", exc.value, exc.rule
+                ) from None
+        return rows
+
+    # -- sync ------------------------------------------------------------------------------
+
+    def write(
+        self,
+        conn: Any,
+        *,
+        destination: str,
+        body: bytes,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        transport: str | None = None,
+        deliver_at: datetime | None = None,
+    ) -> UUID:
+        """Insert one message in ``conn``'s current transaction and return its id."""
+        row = self.prepare(OutboxMessage(destination, body, key, headers, transport, deliver_at))
+        connection = _sync_connection(conn)
+        self._verify_sync(connection)
+        params: Sequence[object] = (*row, self._channel) if self.store.notify else row
+        connection.execute(self._insert, params)
+        return row[0]
+
+    def write_many(self, conn: Any, messages: Iterable[OutboxMessage]) -> list[UUID]:
+        """Insert many messages with one COPY in ``conn``'s current transaction; all or none."""
+        rows = self._prepare_all(messages)
+        if not rows:
+            return []
+        connection = _sync_connection(conn)
+        self._verify_sync(connection)
+        with connection.cursor() as cursor:
+            with cursor.copy(self._queries["copy_messages"]) as copy:
+                copy.set_types(_COPY_TYPES)
+                for row in rows:
+                    copy.write_row(row)
+            if self.store.notify:
+                cursor.execute(self._queries["notify"], (self._channel,))
+        return [row[0] for row in rows]
+
+    def _verify_sync(self, connection: psycopg.Connection[Any]) -> None:
+        _require_transaction(connection.autocommit, connection.info.transaction_status)
+        if self._meta is not None:
+            return
+        with self._meta_lock:
+            exists = connection.execute(self._queries["table_exists"], (_regclass(self.store),))
+            found = exists.fetchone()
+            meta = None
+            if found and found[0]:
+                row = connection.execute(self._queries["read_meta"]).fetchone()
+                meta = StoreMeta(int(row[0]), int(row[1])) if row else None
+            self._meta = verify_meta(self.store, meta)
+
+    # -- async -----------------------------------------------------------------------------
+
+    async def write_async(
+        self,
+        conn: Any,
+        *,
+        destination: str,
+        body: bytes,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        transport: str | None = None,
+        deliver_at: datetime | None = None,
+    ) -> UUID:
+        """Insert one message in ``conn``'s current transaction and return its id."""
+        row = self.prepare(OutboxMessage(destination, body, key, headers, transport, deliver_at))
+        connection = await _async_connection(conn)
+        await self._verify_async(connection)
+        params: Sequence[object] = (*row, self._channel) if self.store.notify else row
+        await connection.execute(self._insert, params)
+        return row[0]
+
+    async def write_many_async(self, conn: Any, messages: Iterable[OutboxMessage]) -> list[UUID]:
+        """Insert many messages with one COPY in ``conn``'s current transaction; all or none."""
+        rows = self._prepare_all(messages)
+        if not rows:
+            return []
+        connection = await _async_connection(conn)
+        await self._verify_async(connection)
+        async with connection.cursor() as cursor:
+            async with cursor.copy(self._queries["copy_messages"]) as copy:
+                copy.set_types(_COPY_TYPES)
+                for row in rows:
+                    await copy.write_row(row)
+            if self.store.notify:
+                await cursor.execute(self._queries["notify"], (self._channel,))
+        return [row[0] for row in rows]
+
+    async def _verify_async(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        _require_transaction(connection.autocommit, connection.info.transaction_status)
+        if self._meta is not None:
+            return
+        exists = await connection.execute(self._queries["table_exists"], (_regclass(self.store),))
+        found = await exists.fetchone()
+        meta = None
+        if found and found[0]:
+            cursor = await connection.execute(self._queries["read_meta"])
+            row = await cursor.fetchone()
+            meta = StoreMeta(int(row[0]), int(row[1])) if row else None
+        self._meta = verify_meta(self.store, meta)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _regclass(store: StoreSettings) -> str:
+    # Both parts are validated plain identifiers; the string is a bound value for to_regclass.
+    return f'"{store.db_schema}"."{store.names.table("meta")}"'
+
+
+def _require_transaction(autocommit: bool, status: TransactionStatus) -> None:
+    if autocommit and status == TransactionStatus.IDLE:
+        raise UsageError(
+            "the connection is in autocommit mode outside a transaction, so the outbox row "
+            "would not share a transaction with your business data; write inside "
+            "`with conn.transaction():` or use a connection with autocommit off"
+        )
+
+
+def _text(field_name: str, value: object, limit: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidMessageError(field_name, value, f"must be str, not {type(value).__name__}")
+    if "\x00" in value:
+        raise InvalidMessageError(field_name, value, "must not contain NUL characters")
+    size = len(value.encode("utf-8"))
+    if size > limit:
+        raise InvalidMessageError(
+            field_name, _preview(value), f"is {size:,} bytes; the limit is {limit:,}"
+        )
+    return value
+
+
+def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidMessageError(
+            "headers",
+            _preview(headers),
+            f"must be a mapping of str to str, not {type(headers).__name__}",
+        )
+    checked: dict[str, str] = {}
+    size = 0
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidMessageError("headers", name, "header names must be non-empty str")
+        if not isinstance(value, str):
+            raise InvalidMessageError(
+                f"headers[{name!r}]", _preview(value), f"must be str, not {type(value).__name__}"
+            )
+        for part in (name, value):
+            if "\x00" in part:
+                raise InvalidMessageError(f"headers[{name!r}]", part, "must not contain NUL")
+        size += len(name.encode()) + len(value.encode())
+        checked[name] = value
+    if size > MAX_HEADERS_BYTES:
+        raise InvalidMessageError(
+            "headers", f"<{size:,} bytes>", f"the total is limited to {MAX_HEADERS_BYTES:,} bytes"
+        )
+    return checked
+
+
+def _preview(value: object) -> object:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _sync_connection(conn: Any) -> psycopg.Connection[Any]:
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise UsageError("an async psycopg connection needs write_async / write_many_async")
+    module = type(conn).__module__
+    if module.startswith("sqlalchemy"):
+        from sqlalchemy.engine import Connection
+        from sqlalchemy.orm import Session
+
+        if isinstance(conn, Session):
+            conn = conn.connection()
+        if isinstance(conn, Connection):
+            driver = conn.connection.driver_connection
+            if isinstance(driver, psycopg.Connection):
+                return driver
+            raise _driver_error(conn.dialect.driver)
+        raise UsageError(
+            f"{type(conn).__name__} needs write_async / write_many_async"
+            if "asyncio" in module
+            else f"cannot write through an SQLAlchemy {type(conn).__name__}; pass a Session "
+            "or a Connection"
+        )
+    raise UsageError(
+        f"cannot write through a {type(conn).__module__}.{type(conn).__name__}; pass a psycopg "
+        "connection or an SQLAlchemy Session/Connection (psycopg driver)"
+    )
+
+
+async def _async_connection(conn: Any) -> psycopg.AsyncConnection[Any]:
+    if isinstance(conn, psycopg.AsyncConnection):
+        return conn
+    if isinstance(conn, psycopg.Connection):
+        raise UsageError("a sync psycopg connection needs write / write_many")
+    module = type(conn).__module__
+    if module.startswith("sqlalchemy"):
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+        if isinstance(conn, AsyncSession):
+            conn = await conn.connection()
+        if isinstance(conn, AsyncConnection):
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            if isinstance(driver, psycopg.AsyncConnection):
+                return driver
+            raise _driver_error(conn.dialect.driver)
+        raise UsageError(
+            f"an SQLAlchemy {type(conn).__name__} needs write / write_many"
+            if "asyncio" not in module
+            else f"cannot write through an SQLAlchemy {type(conn).__name__}"
+        )
+    raise UsageError(
+        f"cannot write through a {type(conn).__module__}.{type(conn).__name__}; pass a psycopg "
+        "AsyncConnection or an SQLAlchemy AsyncSession/AsyncConnection (psycopg driver)"
+    )
+
+
+def _driver_error(driver: str) -> UsageError:
+    return UsageError(
+        f"relayer joins SQLAlchemy transactions through the psycopg driver, but this engine uses "
+        f"{driver!r}; create it with a postgresql+psycopg:// URL"
+    )

@@ -1,0 +1,120 @@
+"""Shared fixtures: real PostgreSQL (a fresh database per test), Kafka and RabbitMQ."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from relayer import schema
+from relayer.settings import StoreSettings, store_settings
+from tests.services import find_rabbitmq, start_kafka, start_postgres, started, unavailable
+
+_database_numbers = itertools.count()
+
+
+def with_database(dsn: str, database: str) -> str:
+    """``dsn`` pointing at another database on the same server."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        return urlunsplit(parts._replace(path="/" + database))
+    return f"{dsn} dbname={database}"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    with started(start_postgres, "PostgreSQL") as service:
+        if isinstance(service, str):
+            unavailable(service)
+        else:
+            yield service.address
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: str) -> Iterator[str]:
+    """An empty template database; each test's database is a clone of it."""
+    name = f"relayer_template_{os.getpid()}"
+    try:
+        admin = psycopg.connect(pg_server, autocommit=True)
+    except psycopg.OperationalError as exc:
+        unavailable(f"PostgreSQL is not reachable: {exc}")
+    with admin:
+        admin.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def pg_dsn(pg_server: str, pg_template: str) -> Iterator[str]:
+    """The DSN of a fresh database, cloned from the template, dropped after the test."""
+    name = f"relayer_test_{os.getpid()}_{next(_database_numbers)}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(pg_template)
+            )
+        )
+    try:
+        yield with_database(pg_server, name)
+    finally:
+        with psycopg.connect(pg_server, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def make_store(dsn: str, **overrides: Any) -> StoreSettings:
+    values: dict[str, Any] = {"name": "orders", "dsn": dsn, "lanes": 16, "table_prefix": "orders_"}
+    values.update(overrides)
+    return store_settings(**values)
+
+
+async def apply_schema(store: StoreSettings) -> None:
+    async with await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True) as conn:
+        await schema.apply(conn, store)
+
+
+@pytest.fixture
+async def store(pg_dsn: str) -> AsyncIterator[StoreSettings]:
+    """A store named 'orders' (16 lanes, prefix orders_) with its schema applied."""
+    settings = make_store(pg_dsn)
+    await apply_schema(settings)
+    yield settings
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    with started(start_kafka, "Kafka") as service:
+        if isinstance(service, str):
+            unavailable(service)
+        else:
+            yield service.address
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> Iterator[str]:
+    service = find_rabbitmq()
+    if service is None:
+        unavailable(
+            "RabbitMQ is not available: set RELAYER_TEST_RABBITMQ_URL or run a server on "
+            "127.0.0.1:5672"
+        )
+        return
+    try:
+        yield service.address
+    finally:
+        service.stop()

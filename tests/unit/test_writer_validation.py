@@ -1,0 +1,85 @@
+from datetime import datetime
+
+import pytest
+
+from relayer import Outbox, OutboxMessage
+from relayer.errors import InvalidMessageError
+from relayer.settings import store_settings
+
+STORE = store_settings(
+    name="orders",
+    lanes=8,
+    max_body_bytes=1024,
+    transports={"kafka": {"type": "kafka"}, "rabbit": {"type": "rabbitmq"}},
+    default_transport="kafka",
+)
+
+
+def rejected(**fields: object) -> InvalidMessageError:
+    values: dict[str, object] = {"destination": "d", "body": b"x"}
+    values.update(fields)
+    with pytest.raises(InvalidMessageError) as caught:
+        Outbox(STORE).prepare(OutboxMessage(**values))  # type: ignore[arg-type]
+    return caught.value
+
+
+def test_valid_message_becomes_a_row() -> None:
+    row = Outbox(STORE).prepare(OutboxMessage("d", bytearray(b"x"), key="k"))
+    assert row[1] is not None and row[2] == "k" and row[3] == "kafka" and row[5] == b"x"
+
+
+@pytest.mark.parametrize("body", ["text", 5, None, {"a": 1}])
+def test_body_must_be_bytes(body: object) -> None:
+    error = rejected(body=body)
+    assert error.field == "body"
+    assert "must be bytes" in error.rule
+
+
+def test_oversize_body() -> None:
+    error = rejected(body=b"x" * 1025)
+    assert "max_body_bytes" in error.rule
+
+
+@pytest.mark.parametrize(
+    ("key", "rule"),
+    [
+        ("", "must not be empty"),
+        ("k" * 1025, "limit is 1,024"),
+        (b"k", "must be str"),
+        ("a\x00b", "NUL"),
+    ],
+)
+def test_bad_keys(key: object, rule: str) -> None:
+    error = rejected(key=key)
+    assert error.field == "key"
+    assert rule in error.rule
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"a": 1}, {1: "a"}, {"": "a"}, ["a", "b"], {"a": "x\x00"}, {"big": "x" * 70_000}],
+)
+def test_bad_headers(headers: object) -> None:
+    assert rejected(headers=headers).field.startswith("headers")
+
+
+def test_unknown_transport() -> None:
+    error = rejected(transport="sqs")
+    assert error.field == "transport"
+    assert "'kafka'" in error.rule
+
+
+@pytest.mark.parametrize("destination", ["", 7, "d" * 1025])
+def test_bad_destination(destination: object) -> None:
+    assert rejected(destination=destination).field == "destination"
+
+
+def test_naive_deliver_at() -> None:
+    error = rejected(deliver_at=datetime(2030, 1, 1))
+    assert "timezone-aware" in error.rule
+
+
+def test_write_many_names_the_position() -> None:
+    with pytest.raises(InvalidMessageError) as caught:
+        Outbox(STORE)._prepare_all([OutboxMessage("d", b"x"), {"destination": "d"}])  # type: ignore[list-item]
+    assert caught.value.field == "messages[1]"
