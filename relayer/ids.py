@@ -37,6 +37,20 @@ class _Clock:
                 self.last_ms, self.last_tail = self.last_ms + 1, _fresh_tail()
             return self.last_ms, self.last_tail
 
+    def block(self, count: int) -> tuple[int, int]:
+        """Reserve ``count`` consecutive values; returns (millisecond, first tail)."""
+        with self.lock:
+            now_ms = time.time_ns() // 1_000_000
+            if now_ms > self.last_ms:
+                self.last_ms, self.last_tail = now_ms, _fresh_tail()
+            else:
+                self.last_tail += 1
+            if self.last_tail + count - 1 > _TAIL_MAX:
+                self.last_ms, self.last_tail = self.last_ms + 1, _fresh_tail()
+            first = self.last_tail
+            self.last_tail += count - 1
+            return self.last_ms, first
+
 
 def _fresh_tail() -> int:
     # Keep the top bit clear so a millisecond has at least 2**73 increments of headroom.
@@ -46,13 +60,23 @@ def _fresh_tail() -> int:
 _clock = _Clock()
 
 
-def uuid7() -> UUID:
-    """A new UUIDv7, greater than every id this process issued before."""
-    ms, tail = _clock.next()
+def _compose(ms: int, tail: int) -> UUID:
     rand_a = tail >> 62
     rand_b = tail & ((1 << 62) - 1)
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b
-    return UUID(int=value)
+    return UUID(int=(ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b)
+
+
+def uuid7() -> UUID:
+    """A new UUIDv7, greater than every id this process issued before."""
+    return _compose(*_clock.next())
+
+
+def uuid7_block(count: int) -> list[UUID]:
+    """``count`` increasing UUIDv7s reserved at once (cheaper than ``count`` calls)."""
+    if count <= 0:
+        return []
+    ms, first = _clock.block(count)
+    return [_compose(ms, tail) for tail in range(first, first + count)]
 
 
 def uuid7_time_ms(value: UUID) -> int:

@@ -8,6 +8,7 @@ a lost connection) propagate unchanged, so the application's retry logic sees th
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,11 +17,11 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.pq import TransactionStatus
-from psycopg.types.json import Jsonb
+from psycopg.adapt import Dumper, PyFormat
+from psycopg.pq import Format, TransactionStatus
 
 from relayer.errors import InvalidMessageError, UsageError
-from relayer.ids import uuid7
+from relayer.ids import uuid7, uuid7_block
 from relayer.lanes import lane_for
 from relayer.schema import StoreMeta, verify_meta
 from relayer.settings import RelayerSettings, StoreSettings
@@ -32,7 +33,51 @@ MAX_HEADERS_BYTES = 64 * 1024
 MAX_TRANSPORT_NAME = 128
 _COPY_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb", "timestamptz")
 
-Row = tuple[UUID, int | None, str | None, str | None, str, bytes, Jsonb, datetime | None]
+
+class EncodedJson:
+    """JSON text encoded once in Python and sent to a jsonb column as is."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+class _EncodedJsonDumper(Dumper):
+    format = Format.TEXT
+
+    def dump(self, obj: EncodedJson) -> bytes:
+        return obj.data
+
+
+class _EncodedJsonBinaryDumper(_EncodedJsonDumper):
+    format = Format.BINARY
+
+    def dump(self, obj: EncodedJson) -> bytes:
+        return b"\x01" + obj.data  # jsonb's binary format: a version byte, then the text
+
+
+_JSONB_OID = psycopg.postgres.types["jsonb"].oid
+_EncodedJsonDumper.oid = _EncodedJsonBinaryDumper.oid = _JSONB_OID
+
+
+def _ensure_json_dumpers(adapters: psycopg.adapt.AdaptersMap) -> None:
+    """Teach ``adapters`` to send EncodedJson (new connections inherit the global map)."""
+    try:
+        adapters.get_dumper(EncodedJson, PyFormat.BINARY)
+    except psycopg.ProgrammingError:
+        adapters.register_dumper(EncodedJson, _EncodedJsonDumper)
+        adapters.register_dumper(EncodedJson, _EncodedJsonBinaryDumper)
+
+
+_ensure_json_dumpers(psycopg.adapters)
+
+
+_NO_HEADERS = EncodedJson(b"{}")
+
+# A validated message without its id: (lane, key, transport, destination, body, headers, due).
+Fields = tuple[int | None, str | None, str | None, str, bytes, EncodedJson, datetime | None]
+Row = tuple[UUID, int | None, str | None, str | None, str, bytes, EncodedJson, datetime | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +120,9 @@ class Outbox:
 
     def prepare(self, message: OutboxMessage) -> Row:
         """Validate one message and turn it into the row to insert (nothing is written)."""
+        return (uuid7(), *self._validate(message))
+
+    def _validate(self, message: OutboxMessage) -> Fields:
         destination = _text("destination", message.destination, MAX_DESTINATION_BYTES)
         if not destination:
             raise InvalidMessageError("destination", destination, "must not be empty")
@@ -115,7 +163,7 @@ class Outbox:
                     deliver_at,
                     "must be timezone-aware (for example datetime.now(UTC) + timedelta(...))",
                 )
-        return (uuid7(), lane, key, transport, destination, body, Jsonb(headers), deliver_at)
+        return (lane, key, transport, destination, body, headers, deliver_at)
 
     def _transport(self, name: str | None) -> str | None:
         if name is None:
@@ -133,19 +181,20 @@ class Outbox:
         return name
 
     def _prepare_all(self, messages: Iterable[OutboxMessage]) -> list[Row]:
-        rows: list[Row] = []
+        validated: list[Fields] = []
         for index, message in enumerate(messages):
             if not isinstance(message, OutboxMessage):
                 raise InvalidMessageError(
                     f"messages[{index}]", type(message).__name__, "must be a relayer.OutboxMessage"
                 )
             try:
-                rows.append(self.prepare(message))
+                validated.append(self._validate(message))
             except InvalidMessageError as exc:
                 raise InvalidMessageError(
                     f"messages[{index}].{exc.field}", exc.value, exc.rule
                 ) from None
-        return rows
+        ids = uuid7_block(len(validated))
+        return [(message_id, *fields) for message_id, fields in zip(ids, validated, strict=True)]
 
     # -- sync ------------------------------------------------------------------------------
 
@@ -186,6 +235,7 @@ class Outbox:
 
     def _verify_sync(self, connection: psycopg.Connection[Any]) -> None:
         _require_transaction(connection.autocommit, connection.info.transaction_status)
+        _ensure_json_dumpers(connection.adapters)
         if self._meta is not None:
             return
         with self._meta_lock:
@@ -236,6 +286,7 @@ class Outbox:
 
     async def _verify_async(self, connection: psycopg.AsyncConnection[Any]) -> None:
         _require_transaction(connection.autocommit, connection.info.transaction_status)
+        _ensure_json_dumpers(connection.adapters)
         if self._meta is not None:
             return
         exists = await connection.execute(self._queries["table_exists"], (_regclass(self.store),))
@@ -278,9 +329,9 @@ def _text(field_name: str, value: object, limit: int) -> str:
     return value
 
 
-def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    if headers is None:
-        return {}
+def _headers(headers: Mapping[str, str] | None) -> EncodedJson:
+    if headers is None or (isinstance(headers, Mapping) and not headers):
+        return _NO_HEADERS
     if not isinstance(headers, Mapping):
         raise InvalidMessageError(
             "headers",
@@ -305,7 +356,7 @@ def _headers(headers: Mapping[str, str] | None) -> dict[str, str]:
         raise InvalidMessageError(
             "headers", f"<{size:,} bytes>", f"the total is limited to {MAX_HEADERS_BYTES:,} bytes"
         )
-    return checked
+    return EncodedJson(json.dumps(checked, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def _preview(value: object) -> object:

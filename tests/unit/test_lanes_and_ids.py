@@ -81,3 +81,13 @@ def test_uuid7_carries_the_current_millisecond() -> None:
     value = uuid7()
     after = time.time_ns() // 1_000_000
     assert before <= uuid7_time_ms(value) <= after + 1
+
+
+def test_uuid7_blocks_interleave_in_order_with_single_ids() -> None:
+    from relayer.ids import uuid7_block
+
+    sequence = [uuid7(), *uuid7_block(1000), uuid7(), *uuid7_block(3), *uuid7_block(0), uuid7()]
+    assert len(sequence) == 1006
+    assert sequence == sorted(sequence)
+    assert len(set(sequence)) == len(sequence)
+    assert all(value.version == 7 for value in sequence)

@@ -1,0 +1,115 @@
+"""Writer benchmark: the cost of one outbox row in a business transaction, and COPY throughput.
+
+    python bench/writer.py [--dsn DSN] [--transactions 3000] [--batches 100]
+
+Prints (1) a one-row business transaction with and without one outbox row, interleaved in
+rounds so both see the same machine state, and the outbox overhead in percent; (2) write_many
+rows/s in 1,000-row batches (one transaction per batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import psycopg
+from psycopg import sql
+
+from bench.common import machine, postgres, scratch_schema, server_version
+from relayer import Outbox, OutboxMessage, schema
+from relayer.settings import StoreSettings, store_settings
+
+BODY = b"x" * 200
+
+
+def setup(dsn: str, schema_name: str) -> StoreSettings:
+    store = store_settings(name="bench", dsn=dsn, schema=schema_name, table_prefix="w_", lanes=64)
+
+    async def apply() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await schema.apply(conn, store)
+
+    asyncio.run(apply())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id bigint PRIMARY KEY, customer text NOT NULL, "
+                "amount int NOT NULL)"
+            ).format(sql.Identifier(schema_name, "orders"))
+        )
+    return store
+
+
+def business_transactions(
+    dsn: str, store: StoreSettings, rounds: int, per_round: int
+) -> tuple[float, float]:
+    """Median seconds per transaction without and with the outbox row."""
+    outbox = Outbox(store)
+    insert = sql.SQL("INSERT INTO {} (id, customer, amount) VALUES (%s, %s, %s)").format(
+        sql.Identifier(store.db_schema, "orders")
+    )
+    plain: list[float] = []
+    with_outbox: list[float] = []
+    next_id = 0
+    with psycopg.connect(dsn) as conn:
+        for round_number in range(rounds):
+            for use_outbox in (round_number % 2 == 0, round_number % 2 == 1):
+                started = time.perf_counter()
+                for _ in range(per_round):
+                    next_id += 1
+                    customer = f"customer-{next_id % 1000}"
+                    conn.execute(insert, (next_id, customer, 100))
+                    if use_outbox:
+                        outbox.write(conn, destination="orders", body=BODY, key=customer)
+                    conn.commit()
+                elapsed = (time.perf_counter() - started) / per_round
+                (with_outbox if use_outbox else plain).append(elapsed)
+    return statistics.median(plain), statistics.median(with_outbox)
+
+
+def copy_throughput(dsn: str, store: StoreSettings, batches: int, batch_size: int) -> float:
+    """Rows/s of write_many + commit; the application's messages are built before timing."""
+    outbox = Outbox(store)
+    prepared = [
+        [
+            OutboxMessage("orders", BODY, key=f"customer-{(batch * batch_size + i) % 10_000}")
+            for i in range(batch_size)
+        ]
+        for batch in range(batches)
+    ]
+    total = 0
+    with psycopg.connect(dsn) as conn:
+        outbox.write_many(conn, prepared[0][:1])  # the once-per-Outbox lane-count check
+        conn.commit()
+        started = time.perf_counter()
+        for messages in prepared:
+            total += len(outbox.write_many(conn, messages))
+            conn.commit()
+        return total / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dsn")
+    parser.add_argument("--transactions", type=int, default=3000)
+    parser.add_argument("--batches", type=int, default=100)
+    arguments = parser.parse_args()
+    with postgres(arguments.dsn) as dsn, scratch_schema(dsn) as schema_name:
+        store = setup(dsn, schema_name)
+        print(f"machine: {machine()}; {server_version(dsn)}")
+        rounds = 20
+        per_round = max(1, arguments.transactions // rounds)
+        plain, with_row = business_transactions(dsn, store, rounds, per_round)
+        overhead = (with_row - plain) / plain * 100
+        print(
+            f"one-row business transaction: {plain * 1e6:,.0f} us without outbox, "
+            f"{with_row * 1e6:,.0f} us with one outbox row -> overhead {overhead:+.1f}%"
+        )
+        rate = copy_throughput(dsn, store, arguments.batches, 1000)
+        print(f"write_many: {rate:,.0f} rows/s in 1,000-row batches (200-byte bodies)")
+
+
+if __name__ == "__main__":
+    main()
