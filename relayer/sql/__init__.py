@@ -34,8 +34,18 @@ def parse_queries(text: str) -> dict[str, str]:
 
 @cache
 def raw_queries() -> dict[str, str]:
-    text = resources.files(__package__).joinpath("queries.sql").read_text("utf-8")
-    return parse_queries(text)
+    """Every named query of every ``*.sql`` file in this package (names are unique overall)."""
+    queries: dict[str, str] = {}
+    files = sorted(
+        (entry for entry in resources.files(__package__).iterdir() if entry.name.endswith(".sql")),
+        key=lambda entry: entry.name,
+    )
+    for entry in files:
+        for name, text in parse_queries(entry.read_text("utf-8")).items():
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice ({entry.name})")
+            queries[name] = text
+    return queries
 
 
 def identifiers(names: StoreNames) -> dict[str, sql.Composable]:
