@@ -13,6 +13,7 @@ from relayer.transports.base import (
     SendError,
     Transport,
     TransportFactory,
+    TransportUnavailableError,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "SendError",
     "Transport",
     "TransportFactory",
+    "TransportUnavailableError",
 ]

@@ -60,6 +60,15 @@ class SendError(TransportError):
         self.retryable = retryable
 
 
+class TransportUnavailableError(TransportError):
+    """The broker cannot be reached right now; nothing is wrong with the messages.
+
+    ``publish`` raises it, or an acknowledgement fails with it, when the connection is lost or
+    the client is being rebuilt. The relay then keeps the rows without counting an attempt
+    against their keys and tries the lane again later.
+    """
+
+
 class DestinationError(TransportError):
     """A destination's capabilities could not be looked up (never cached by the relay)."""
 
