@@ -115,6 +115,8 @@ def render(store: StoreSettings) -> str:
         .format(sql.Identifier(names.schema, names.table("meta")), store.lanes, latest_version())
         .as_string(None)
     )
+    # The only parameter is the validated integer lane count, rendered as a literal for review.
+    parts.append(queries["ensure_lane_rows"].replace("%(lanes)s", str(int(store.lanes))) + ";")
     parts.append("COMMIT;")
     return "\n".join(parts) + "\n"
 
@@ -192,6 +194,8 @@ async def apply(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> App
                 if meta.lanes != store.lanes:
                     await _change_lane_count(conn, store, meta.lanes)
                     lanes_changed_from = meta.lanes
+            await conn.execute(queries["trim_lane_rows"], {"lanes": store.lanes})
+            await conn.execute(queries["ensure_lane_rows"], {"lanes": store.lanes})
     except psycopg.Error as exc:
         raise StoreError(f"store {store.name!r}: schema apply failed: {exc}") from exc
     return ApplyResult(tuple(applied), latest_version(), store.lanes, lanes_changed_from)

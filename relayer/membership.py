@@ -1,0 +1,154 @@
+"""Membership: heartbeats on the database clock and the rank split of lanes.
+
+Each worker instance keeps a ``member:<instance id>`` row alive every lease_duration / 3 on a
+connection of its own, so slow batches never delay it. Live members, sorted, divide the lanes
+by rank (lane % members == rank), so shares differ by at most one lane. A member only locks
+lanes of its share, and releases lanes outside it as soon as no batch holds them; a new owner
+waits for a lease to expire or be released. If heartbeats fail for a whole lease, the member
+stops sending until one succeeds again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+from relayer.settings import StoreSettings
+from relayer.store import RelayStore
+
+logger = logging.getLogger(__name__)
+
+Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
+
+
+def new_instance_id() -> str:
+    """A unique, readable member id: host, process and a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def share(rank: int, members: int, lanes: int) -> frozenset[int]:
+    """The lanes of the member at ``rank`` among ``members`` live members."""
+    if members <= 0 or not 0 <= rank < members:
+        return frozenset()
+    return frozenset(range(rank, lanes, members))
+
+
+class Membership:
+    """Heartbeats one member of one store and tracks the lanes it may send."""
+
+    def __init__(
+        self,
+        store: StoreSettings,
+        member: str,
+        connect: Connect,
+        *,
+        on_change: Callable[[frozenset[int]], None] = lambda lanes: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.member = member
+        self.db = RelayStore(store)
+        self._connect = connect
+        self._on_change = on_change
+        self._clock = clock
+        self._token = uuid.uuid4()
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self.members: tuple[str, ...] = ()
+        self.lanes: frozenset[int] = frozenset()
+        self.last_beat: float | None = None
+        self.interval = store.lease_duration.total_seconds() / 3
+        self.joined = asyncio.Event()
+
+    async def beat(self) -> None:
+        """One heartbeat: renew, learn the live members, recompute and apply the share."""
+        if self._conn is None or self._conn.closed:
+            self._conn = await self._connect()
+        members = tuple(await self.db.heartbeat(self._conn, self.member, self._token))
+        self.last_beat = self._clock()
+        rank = members.index(self.member) if self.member in members else -1
+        lanes = share(rank, len(members), self.store.lanes)
+        released = await self.db.release_lanes(self._conn, self.member, sorted(lanes))
+        if members != self.members or lanes != self.lanes:
+            logger.info(
+                "member %s of store %s: rank %s of %s, %s lanes",
+                self.member,
+                self.store.name,
+                rank,
+                len(members),
+                len(lanes),
+                extra={"action": "rebalance", "store": self.store.name, "member": self.member},
+            )
+        if released:
+            logger.info(
+                "released %s lane(s) outside this member's share",
+                released,
+                extra={"action": "release", "store": self.store.name, "member": self.member},
+            )
+        self.members = members
+        self._set_lanes(lanes)
+        self.joined.set()
+
+    def _set_lanes(self, lanes: frozenset[int]) -> None:
+        if lanes != self.lanes:
+            self.lanes = lanes
+            self._on_change(lanes)
+
+    def expired(self) -> bool:
+        """True when no heartbeat succeeded for a whole lease: stop sending."""
+        if self.last_beat is None:
+            return True
+        return self._clock() - self.last_beat >= self.store.lease_duration.total_seconds()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Heartbeat every lease/3 until ``stop`` is set; retry sooner after a failure."""
+        while not stop.is_set():
+            delay = self.interval
+            try:
+                await self.beat()
+            except (psycopg.Error, OSError) as exc:
+                delay = min(self.interval, 1.0)
+                await self._drop_connection()
+                logger.warning(
+                    "heartbeat of %s failed: %s",
+                    self.member,
+                    exc,
+                    extra={"action": "heartbeat_failed", "store": self.store.name},
+                )
+                if self.expired():
+                    self._set_lanes(frozenset())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+    async def leave(self) -> None:
+        """Release every lane and the membership (graceful shutdown)."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = await self._connect()
+            await self.db.leave(self._conn, self.member)
+            logger.info(
+                "member %s left store %s",
+                self.member,
+                self.store.name,
+                extra={"action": "leave", "store": self.store.name, "member": self.member},
+            )
+        except (psycopg.Error, OSError) as exc:
+            logger.warning("leaving store %s failed: %s", self.store.name, exc)
+        finally:
+            self._set_lanes(frozenset())
+            await self._drop_connection()
+
+    async def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                await self._conn.close()
+            finally:
+                self._conn = None

@@ -1,0 +1,252 @@
+"""Pipelined sending of one lane batch with per-row outcomes and per-key order.
+
+Rows are published in id order. A key's next row is published right after its previous one
+only when both go to the same destination of a transport whose failures are gapless
+(``pipelines_within_key``); otherwise it waits for the previous acknowledgement. Keys never wait
+for each other. A failed row stops its key for the rest of the batch. Admission of new rows
+stops at ``admit_until``; acknowledgements are awaited until ``wait_until``; whatever is still
+unresolved then is left alone (kept in the outbox and sent again later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import heapq
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from uuid import UUID
+
+from relayer.destinations import DestinationCache, PreparationError
+from relayer.errors import TransportError
+from relayer.store import Failure, PendingRow
+from relayer.transports.base import OutgoingMessage, SendError, Transport
+
+logger = logging.getLogger(__name__)
+
+Resolve = Callable[[PendingRow], Transport]
+
+
+class State(Enum):
+    UNSENT = "unsent"
+    IN_FLIGHT = "in-flight"
+    ACKED = "acked"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class SendReport:
+    """Per-row results of one batch, and why sending stopped early (if it did)."""
+
+    states: list[State]
+    failures: dict[int, Failure] = field(default_factory=dict)
+    published: int = 0
+    cut_short: bool = False
+    unavailable: str | None = None
+
+    def outcomes(self, rows: Sequence[PendingRow]) -> tuple[list[UUID], list[Failure]]:
+        """Rows to delete and failed heads to park: per key, the acknowledged prefix, then the
+        first failure. Later rows of a key are kept even if acknowledged (resent after it)."""
+        acked: list[UUID] = []
+        failures: list[Failure] = []
+        stopped: set[str] = set()
+        for index, row in enumerate(rows):
+            if row.key in stopped:
+                continue
+            state = self.states[index]
+            if state is State.ACKED:
+                acked.append(row.id)
+                continue
+            stopped.add(row.key)
+            if state is State.FAILED:
+                failures.append(self.failures[index])
+        return acked, failures
+
+
+class BatchSender:
+    """Publishes one batch; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        rows: Sequence[PendingRow],
+        resolve: Resolve,
+        destinations: DestinationCache,
+        *,
+        admit_until: float,
+        wait_until: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rows = rows
+        self.resolve = resolve
+        self.destinations = destinations
+        self.admit_until = admit_until
+        self.wait_until = wait_until
+        self.clock = clock
+        self.report = SendReport([State.UNSENT] * len(rows))
+        self._next_of_key: list[int | None] = [None] * len(rows)
+        self._ready: list[int] = []
+        self._stopped_keys: set[str] = set()
+        self._waiting_for_ack: dict[int, int] = {}  # published row -> next row of its key
+        self._previous_of_key: dict[
+            int, asyncio.Future[None]
+        ] = {}  # pipelined row -> its predecessor's ack
+        self._in_flight = 0
+        self._wake = asyncio.Event()
+        self._closed = False
+        last_of_key: dict[str, int] = {}
+        for index, row in enumerate(rows):
+            previous = last_of_key.get(row.key)
+            if previous is None:
+                self._ready.append(index)
+            else:
+                self._next_of_key[previous] = index
+            last_of_key[row.key] = index
+
+    async def run(self) -> SendReport:
+        try:
+            while True:
+                # Returns with nothing ready, or with admission over.
+                await self._publish_ready()
+                remaining = self.wait_until - self.clock()
+                if self._in_flight == 0 or remaining <= 0:
+                    break
+                # No callback can run between the state checks above and this clear: only
+                # awaits yield to the event loop.
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), remaining)
+                except TimeoutError:
+                    break
+        finally:
+            self._closed = True
+        if self._ready and self._admission_over():
+            self.report.cut_short = True
+        return self.report
+
+    def _admission_over(self) -> bool:
+        return self.report.unavailable is not None or self.clock() >= self.admit_until
+
+    async def _publish_ready(self) -> None:
+        while self._ready and not self._admission_over():
+            index = heapq.heappop(self._ready)
+            row = self.rows[index]
+            previous = self._previous_of_key.pop(index, None)
+            if _known_failed(previous):
+                # The predecessor already failed (its callback has not run yet): never send a
+                # key's later row after an earlier one is known to have failed.
+                self._stopped_keys.add(row.key)
+            if row.key in self._stopped_keys:
+                continue
+            try:
+                transport = self.resolve(row)
+                await self.destinations.require_ordered(transport, row.destination)
+            except PreparationError as exc:
+                self._fail(index, str(exc), permanent=False)
+                continue
+            message = OutgoingMessage(
+                id=row.id,
+                destination=row.destination,
+                body=row.body,
+                key=row.key,
+                headers=row.headers,
+                created_at=row.created_at,
+            )
+            try:
+                # A publish blocked on backpressure must not eat the batch's deadline.
+                async with asyncio.timeout(max(self.wait_until - self.clock(), 0)):
+                    acknowledgement = await transport.publish(message)
+            except TimeoutError:
+                self.report.cut_short = True
+                self._stopped_keys.add(row.key)
+                self.admit_until = self.clock()
+                return
+            except SendError as exc:
+                self._fail(index, str(exc), permanent=not exc.retryable)
+                continue
+            except TransportError as exc:  # not about this row: the client is unusable now
+                self._unavailable(index, exc)
+                return
+            except Exception as exc:  # a plug-in's bug must park only this row's key
+                self._fail(index, f"{type(exc).__name__}: {exc}", permanent=False)
+                continue
+            self.report.published += 1
+            self.report.states[index] = State.IN_FLIGHT
+            self._in_flight += 1
+            future = asyncio.ensure_future(acknowledgement)
+            following = self._next_of_key[index]
+            if following is not None:
+                if self._pipelined(transport, row, self.rows[following]):
+                    self._previous_of_key[following] = future
+                    heapq.heappush(self._ready, following)
+                else:
+                    self._waiting_for_ack[index] = following
+            future.add_done_callback(functools.partial(self._settled, index))
+
+    def _pipelined(self, transport: Transport, row: PendingRow, following: PendingRow) -> bool:
+        return (
+            transport.pipelines_within_key
+            and following.transport == row.transport
+            and following.destination == row.destination
+        )
+
+    def _settled(self, index: int, done: asyncio.Future[None]) -> None:
+        if self._closed:
+            return
+        self._in_flight -= 1
+        self._wake.set()
+        if done.cancelled():
+            self.report.states[index] = State.UNSENT
+            self._stopped_keys.add(self.rows[index].key)
+            return
+        error = done.exception()
+        if error is None:
+            self.report.states[index] = State.ACKED
+            following = self._waiting_for_ack.pop(index, None)
+            if following is not None:
+                heapq.heappush(self._ready, following)
+        elif isinstance(error, SendError):
+            self._fail(index, str(error), permanent=not error.retryable)
+        elif isinstance(error, TransportError):
+            self._unavailable(index, error)
+        else:
+            self._fail(index, f"{type(error).__name__}: {error}", permanent=False)
+
+    def _fail(self, index: int, error: str, *, permanent: bool) -> None:
+        row = self.rows[index]
+        self.report.states[index] = State.FAILED
+        self.report.failures[index] = Failure(row.id, error, permanent)
+        self._stopped_keys.add(row.key)
+
+    def _unavailable(self, index: int, error: Exception) -> None:
+        self.report.states[index] = State.UNSENT
+        self._stopped_keys.add(self.rows[index].key)
+        if self.report.unavailable is None:
+            self.report.unavailable = str(error)
+
+
+def _known_failed(future: asyncio.Future[None] | None) -> bool:
+    return (
+        future is not None
+        and future.done()
+        and not future.cancelled()
+        and future.exception() is not None
+    )
+
+
+async def send_batch(
+    rows: Sequence[PendingRow],
+    resolve: Resolve,
+    destinations: DestinationCache,
+    *,
+    admit_until: float,
+    wait_until: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> SendReport:
+    """Publish ``rows`` (id order, one lane) and report the outcome of each."""
+    sender = BatchSender(
+        rows, resolve, destinations, admit_until=admit_until, wait_until=wait_until, clock=clock
+    )
+    return await sender.run()

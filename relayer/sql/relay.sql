@@ -1,0 +1,154 @@
+-- The ordered relay's statements: membership, lane leases, probe, batch read, outcomes, and
+-- the operator's views. Every write made under a lane lease is fenced by the owner's token.
+-- Durations are bound as intervals; every time comparison uses the database clock (now()).
+
+-- name: ensure_lane_rows
+-- One lease row per lane, so a batch can lock its lane with SKIP LOCKED. Idempotent.
+INSERT INTO {leases} (name, lane, owner, token, expires_at)
+SELECT 'lane:' || lane, lane, '', '00000000-0000-0000-0000-000000000000', '-infinity'
+FROM generate_series(0, %(lanes)s - 1) AS lane
+ON CONFLICT (name) DO NOTHING
+
+-- name: trim_lane_rows
+DELETE FROM {leases} WHERE lane >= %(lanes)s
+
+-- name: heartbeat
+-- Renew this member, drop expired members, and return the live members in rank order.
+WITH beat AS (
+    INSERT INTO {leases} (name, owner, token, expires_at)
+    VALUES ('member:' || %(member)s, %(member)s, %(token)s, now() + %(lease)s)
+    ON CONFLICT (name) DO UPDATE
+        SET expires_at = EXCLUDED.expires_at, renewed_at = now()
+    RETURNING owner
+), expired AS (
+    DELETE FROM {leases}
+    WHERE lane IS NULL AND expires_at < now() AND name <> 'member:' || %(member)s
+)
+SELECT owner FROM {leases}
+WHERE lane IS NULL AND expires_at >= now() AND name <> 'member:' || %(member)s
+UNION
+SELECT owner FROM beat
+ORDER BY 1
+
+-- name: leave
+-- Graceful shutdown: release every lane this member holds and its membership.
+WITH lanes AS (
+    UPDATE {leases} SET expires_at = '-infinity', renewed_at = now()
+    WHERE lane IS NOT NULL AND owner = %(member)s
+)
+DELETE FROM {leases} WHERE name = 'member:' || %(member)s
+
+-- name: release_lanes
+-- Give up held lanes outside this member's share at once (rows locked by a batch are skipped:
+-- that batch finishes first and the lane is released on the next heartbeat).
+UPDATE {leases} SET expires_at = '-infinity', renewed_at = now()
+WHERE name IN (
+    SELECT name FROM {leases}
+    WHERE lane IS NOT NULL AND owner = %(member)s AND expires_at > now()
+      AND NOT (lane = ANY(%(keep)s))
+    FOR UPDATE SKIP LOCKED
+)
+
+-- name: probe
+-- Read-only: for each lane, its first non-parked head and the lane lease's holder.
+SELECT l.lane,
+       h.id,
+       h.deliver_at,
+       coalesce(h.deliver_at > now(), false) AS future,
+       CASE WHEN h.deliver_at > now() AND isfinite(h.deliver_at)
+            THEN extract(epoch FROM h.deliver_at - now())::float8 ELSE 0 END AS due_in,
+       s.owner,
+       coalesce(s.expires_at > now(), false) AS lease_live,
+       CASE WHEN s.expires_at > now() AND isfinite(s.expires_at)
+            THEN extract(epoch FROM s.expires_at - now())::float8 ELSE 0 END AS lease_left
+FROM unnest(%(lanes)s::int4[]) AS l(lane)
+LEFT JOIN LATERAL (
+    SELECT o.id, o.deliver_at
+    FROM {outbox} AS o
+    WHERE o.lane = l.lane
+      AND NOT EXISTS (
+          SELECT 1 FROM {parked} AS p
+          WHERE p.ordering_key = o.ordering_key AND (p.retry_at IS NULL OR p.retry_at > now())
+      )
+    ORDER BY o.id
+    LIMIT 1
+) AS h ON true
+LEFT JOIN {leases} AS s ON s.lane = l.lane
+
+-- name: lock_lane
+-- Take or renew the lane lease and lock its row for the whole batch. Never waits: a row locked
+-- by another transaction (a batch still in flight, even past its expiry) is skipped.
+UPDATE {leases}
+SET owner = %(member)s,
+    token = CASE WHEN owner = %(member)s AND expires_at > now() THEN token ELSE %(token)s END,
+    acquired_at = CASE WHEN owner = %(member)s AND expires_at > now() THEN acquired_at ELSE now() END,
+    expires_at = now() + %(lease)s,
+    renewed_at = now()
+WHERE name = (
+    SELECT name FROM {leases}
+    WHERE lane = %(lane)s AND (owner = %(member)s OR expires_at < now())
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING token
+
+-- name: read_batch
+-- Head first, under the lock, skipping parked keys that are not due for a retry.
+SELECT o.id, o.ordering_key, o.transport, o.destination, o.body, o.headers, o.attempts,
+       coalesce(o.deliver_at > now(), false) AS future, o.created_at
+FROM {outbox} AS o
+WHERE o.lane = %(lane)s
+  AND EXISTS (
+      SELECT 1 FROM {leases} AS s
+      WHERE s.lane = %(lane)s AND s.owner = %(member)s AND s.expires_at > now()
+  )
+  AND NOT EXISTS (
+      SELECT 1 FROM {parked} AS p
+      WHERE p.ordering_key = o.ordering_key AND (p.retry_at IS NULL OR p.retry_at > now())
+  )
+ORDER BY o.id
+LIMIT %(limit)s
+
+-- name: record_outcomes
+-- One fenced statement: delete acknowledged rows, count a failure on each failed head row and
+-- park its key with a retry time (NULL after max_attempts or a permanent error), and unpark keys
+-- whose parked head was just acknowledged. Returns how many rows each part touched.
+WITH fence AS (
+    SELECT 1 FROM {leases}
+    WHERE lane = %(lane)s AND owner = %(member)s AND token = %(token)s
+), deleted AS (
+    DELETE FROM {outbox}
+    WHERE id = ANY(%(acked)s::uuid[]) AND lane = %(lane)s AND EXISTS (SELECT 1 FROM fence)
+    RETURNING id
+), failure AS (
+    SELECT * FROM unnest(%(failed)s::uuid[], %(errors)s::text[], %(permanent)s::bool[])
+        AS f(id, error, permanent)
+), counted AS (
+    UPDATE {outbox} AS o
+    SET attempts = o.attempts + 1, last_error = failure.error
+    FROM failure
+    WHERE o.id = failure.id AND o.lane = %(lane)s AND EXISTS (SELECT 1 FROM fence)
+    RETURNING o.id, o.ordering_key, o.attempts, failure.error, failure.permanent
+), parked AS (
+    INSERT INTO {parked} AS p (ordering_key, lane, head_id, attempts, last_error, retry_at)
+    SELECT ordering_key, %(lane)s, id, attempts, error,
+           CASE WHEN permanent OR attempts >= %(max_attempts)s THEN NULL
+                ELSE now() + least(%(backoff)s * power(2, attempts - 1), %(backoff_max)s)
+           END
+    FROM counted
+    ON CONFLICT (ordering_key) DO UPDATE
+        SET head_id = EXCLUDED.head_id, attempts = EXCLUDED.attempts,
+            last_error = EXCLUDED.last_error, retry_at = EXCLUDED.retry_at, updated_at = now()
+    RETURNING retry_at IS NULL AS gave_up
+), unparked AS (
+    -- A key whose retried head went through is free again, unless a later row of it failed
+    -- in this same batch (then "parked" above re-parks it).
+    DELETE FROM {parked}
+    WHERE lane = %(lane)s AND head_id = ANY(%(acked)s::uuid[]) AND EXISTS (SELECT 1 FROM fence)
+      AND ordering_key NOT IN (SELECT ordering_key FROM counted)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted),
+       (SELECT count(*) FROM counted),
+       (SELECT count(*) FROM parked WHERE gave_up),
+       (SELECT count(*) FROM unparked),
+       EXISTS (SELECT 1 FROM fence)

@@ -1,0 +1,183 @@
+"""The relay's side of the database: every statement the ordered protocol runs.
+
+This is the only module of the relay that runs SQL. It returns frozen value objects; no
+driver rows travel further. Statements live in ``relayer/sql/relay.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+
+
+@dataclass(frozen=True, slots=True)
+class LaneHead:
+    """What a probe learned about one lane, without taking any lock."""
+
+    lane: int
+    head_id: UUID | None
+    future: bool
+    due_in: float
+    owner: str | None
+    lease_live: bool
+    lease_left: float
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    """One ordered outbox row read under the lane lock."""
+
+    id: UUID
+    key: str
+    transport: str | None
+    destination: str
+    body: bytes
+    headers: Mapping[str, str]
+    attempts: int
+    future: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed head row: the error to record and whether retrying can help."""
+
+    id: UUID
+    error: str
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    deleted: int
+    failed: int
+    gave_up: int
+    unparked: int
+    fence_held: bool
+
+
+class RelayStore:
+    """The relay's statements for one store, with its identifiers composed once."""
+
+    def __init__(self, store: StoreSettings) -> None:
+        self.store = store
+        self.queries = queries_for(store.names)
+        self.lease = store.lease_duration
+
+    async def ensure_lane_rows(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
+
+    async def heartbeat(
+        self, conn: psycopg.AsyncConnection[Any], member: str, token: UUID
+    ) -> list[str]:
+        """Renew ``member``, drop expired members; the live members in rank order."""
+        cursor = await conn.execute(
+            self.queries["heartbeat"], {"member": member, "token": token, "lease": self.lease}
+        )
+        return [str(row[0]) for row in await cursor.fetchall()]
+
+    async def release_lanes(
+        self, conn: psycopg.AsyncConnection[Any], member: str, keep: Sequence[int]
+    ) -> int:
+        cursor = await conn.execute(
+            self.queries["release_lanes"], {"member": member, "keep": list(keep)}
+        )
+        return cursor.rowcount
+
+    async def leave(self, conn: psycopg.AsyncConnection[Any], member: str) -> None:
+        await conn.execute(self.queries["leave"], {"member": member})
+
+    async def probe(
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
+    ) -> list[LaneHead]:
+        cursor = await conn.execute(self.queries["probe"], {"lanes": list(lanes)})
+        return [
+            LaneHead(
+                lane=int(lane),
+                head_id=head_id,
+                future=bool(future),
+                due_in=float(due_in or 0.0),
+                owner=owner or None,
+                lease_live=bool(lease_live),
+                lease_left=float(lease_left or 0.0),
+            )
+            for lane, head_id, _deliver_at, future, due_in, owner, lease_live, lease_left in (
+                await cursor.fetchall()
+            )
+        ]
+
+    async def lock_and_read(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        lane: int,
+        member: str,
+        token: UUID,
+        limit: int,
+    ) -> tuple[UUID | None, list[PendingRow]]:
+        """Take the lane lease (row-locked until the transaction ends) and read its head rows.
+
+        Both statements go in one round trip; the read only returns rows if the lock took.
+        Must run inside a transaction on ``conn``.
+        """
+        params = {"lane": lane, "member": member, "token": token, "lease": self.lease}
+        async with conn.pipeline():
+            locked = await conn.execute(self.queries["lock_lane"], params)
+            read = await conn.execute(self.queries["read_batch"], {**params, "limit": limit})
+        row = await locked.fetchone()
+        if row is None:
+            return None, []
+        return row[0], [_pending(values) for values in await read.fetchall()]
+
+    async def record_outcomes(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        *,
+        lane: int,
+        member: str,
+        token: UUID,
+        acked: Sequence[UUID],
+        failures: Sequence[Failure],
+    ) -> Outcomes:
+        """Delete acknowledged rows and park failed keys, fenced by the lease token."""
+        cursor = await conn.execute(
+            self.queries["record_outcomes"],
+            {
+                "lane": lane,
+                "member": member,
+                "token": token,
+                "acked": list(acked),
+                "failed": [failure.id for failure in failures],
+                "errors": [failure.error for failure in failures],
+                "permanent": [failure.permanent for failure in failures],
+                "max_attempts": self.store.max_attempts,
+                "backoff": self.store.retry_backoff,
+                "backoff_max": self.store.retry_backoff_max,
+            },
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        deleted, failed, gave_up, unparked, fence_held = row
+        return Outcomes(int(deleted), int(failed), int(gave_up), int(unparked), bool(fence_held))
+
+
+def _pending(values: Sequence[Any]) -> PendingRow:
+    message_id, key, transport, destination, body, headers, attempts, future, created_at = values
+    return PendingRow(
+        id=message_id,
+        key=key,
+        transport=transport,
+        destination=destination,
+        body=bytes(body),
+        headers=headers or {},
+        attempts=int(attempts),
+        future=bool(future),
+        created_at=created_at,
+    )

@@ -1,0 +1,318 @@
+"""One lane batch at a time, on real PostgreSQL, with the MemoryTransport."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from relayer.relay import LaneRelay, Prober, Scan
+from relayer.settings import StoreSettings
+from relayer.store import RelayStore
+from relayer.transports.memory import MemoryTransport
+from tests.conftest import apply_schema, make_store
+from tests.integration.relay.helpers import (
+    bodies_by_key,
+    first_deliveries_in_order,
+    keys_in_lane,
+    parked,
+    pending,
+    write,
+)
+
+MEMBER = "member-a"
+
+
+@pytest.fixture
+async def memory() -> AsyncIterator[MemoryTransport]:
+    transport = MemoryTransport("memory")
+    await transport.start()
+    yield transport
+    await transport.close()
+
+
+@pytest.fixture
+async def relay_store(pg_dsn: str) -> StoreSettings:
+    store = make_store(
+        pg_dsn,
+        lanes=4,
+        batch_size=50,
+        lease_duration="4s",
+        poll_interval="0.2s",
+        retry_backoff="1s",
+        max_attempts=3,
+        transports={"memory": {"type": "memory"}},
+        default_transport="memory",
+    )
+    await apply_schema(store)
+    return store
+
+
+async def connection(store: StoreSettings) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(store.require_dsn())
+
+
+async def send(relay: LaneRelay, lane: int) -> Any:
+    conn = await connection(relay.store)
+    try:
+        return await relay.send_lane(conn, lane)
+    finally:
+        await conn.close()
+
+
+async def test_batch_sends_head_first_per_key_and_deletes(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    keys = keys_in_lane(relay_store, 1, 5)
+    write(relay_store, keys, per_key=8)  # 40 rows, under batch_size
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    result = await send(relay, 1)
+    assert result.scan is Scan.SENT
+    assert result.sent == 40
+    assert pending(relay_store) == 0
+    by_key = bodies_by_key(memory.received("events"))
+    assert by_key == {key: list(range(8)) for key in keys}
+    assert first_deliveries_in_order(memory.received("events"))
+    again = await send(relay, 1)
+    assert again.scan is Scan.EMPTY
+
+
+async def test_batch_size_bounds_each_batch(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    write(relay_store, keys_in_lane(relay_store, 2, 3), per_key=40)  # 120 rows
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    sent = [(await send(relay, 2)).sent for _ in range(4)]
+    assert sent == [50, 50, 20, 0]
+    assert pending(relay_store) == 0
+
+
+async def test_other_lanes_are_untouched(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    write(relay_store, keys_in_lane(relay_store, 0, 2))
+    write(relay_store, keys_in_lane(relay_store, 3, 2))
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    await send(relay, 0)
+    assert pending(relay_store) == 2
+
+
+async def test_future_head_stalls_only_its_lane(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    later = datetime.now(UTC) + timedelta(hours=1)
+    [first, second] = keys_in_lane(relay_store, 1, 2)
+    write(relay_store, [first], deliver_at=later)
+    write(relay_store, [second])  # due, but behind a future head in the same lane
+    write(relay_store, keys_in_lane(relay_store, 2, 1))
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    assert (await send(relay, 1)).scan is Scan.FUTURE
+    assert (await send(relay, 2)).sent == 1
+    assert pending(relay_store) == 2
+
+
+async def test_failing_key_is_parked_and_other_keys_flow(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    bad, good = keys_in_lane(relay_store, 1, 2)
+    write(relay_store, [bad, good], per_key=3)
+    memory.fail_key(bad, message="broker said no")
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    result = await send(relay, 1)
+    assert result.sent == 3 and result.failed == 1
+    assert bodies_by_key(memory.received("events")) == {good: [0, 1, 2]}
+    assert parked(relay_store) == {bad: (1, "broker said no", False)}
+    assert pending(relay_store) == 3
+    # More rows of both keys: the parked key waits, the other flows.
+    write(relay_store, [bad, good])
+    assert (await send(relay, 1)).sent == 1
+    assert pending(relay_store) == 4
+
+
+async def test_parked_key_retries_after_backoff_and_gives_up(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    [key] = keys_in_lane(relay_store, 0, 1)
+    write(relay_store, [key], per_key=2)
+    memory.fail_key(key, message="still failing")
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    await send(relay, 0)
+    assert parked(relay_store)[key][:2] == (1, "still failing")
+    assert (await send(relay, 0)).scan is Scan.EMPTY  # parked until retry_at
+    with psycopg.connect(relay_store.require_dsn(), autocommit=True) as conn:
+        conn.execute("UPDATE orders_parked SET retry_at = now() - interval '1 second'")
+    await send(relay, 0)
+    assert parked(relay_store)[key][0] == 2
+    with psycopg.connect(relay_store.require_dsn(), autocommit=True) as conn:
+        conn.execute("UPDATE orders_parked SET retry_at = now() - interval '1 second'")
+    await send(relay, 0)
+    assert parked(relay_store)[key] == (3, "still failing", True)  # max_attempts=3: gave up
+    # After the fault is gone the key still waits for an operator.
+    memory.clear_key(key)
+    assert (await send(relay, 0)).scan is Scan.EMPTY
+    assert pending(relay_store) == 2
+
+
+async def test_retry_success_unparks_and_keeps_order(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    [key] = keys_in_lane(relay_store, 3, 1)
+    write(relay_store, [key], per_key=4)
+    memory.fail_next(1)
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    await send(relay, 3)
+    assert key in parked(relay_store)
+    with psycopg.connect(relay_store.require_dsn(), autocommit=True) as conn:
+        conn.execute("UPDATE orders_parked SET retry_at = now()")
+    result = await send(relay, 3)
+    assert result.sent == 4
+    assert parked(relay_store) == {}
+    assert bodies_by_key(memory.received("events"))[key] == [0, 1, 2, 3]
+
+
+async def test_permanent_error_parks_without_retry(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    [key] = keys_in_lane(relay_store, 2, 1)
+    write(relay_store, [key])
+    memory.fail_key(key, retryable=False, message="message too large: raise max size")
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    result = await send(relay, 2)
+    assert result.gave_up == 1
+    assert parked(relay_store)[key] == (1, "message too large: raise max size", True)
+
+
+async def test_preparation_failures_park_with_actionable_messages(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    unknown_key, unordered_key, fine_key = keys_in_lane(relay_store, 1, 3)
+    memory.declare_unordered("fanout")
+    with psycopg.connect(relay_store.require_dsn(), autocommit=True) as conn:
+        # A row naming a transport this worker does not have (written by another service).
+        conn.execute(
+            "INSERT INTO orders_outbox (id, lane, ordering_key, transport, destination, body) "
+            "VALUES (gen_random_uuid(), 1, %s, 'sqs', 'events', 'x')",
+            (unknown_key,),
+        )
+    write(relay_store, [unordered_key], destination="fanout")
+    write(relay_store, [fine_key])
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    result = await send(relay, 1)
+    assert result.sent == 1
+    reasons = parked(relay_store)
+    assert "transport 'sqs' is not configured" in reasons[unknown_key][1]
+    assert "does not keep per-key order" in reasons[unordered_key][1]
+    # Destinations without native ordering are never cached: fixing it needs no restart.
+    assert ("memory", "fanout") not in relay.destinations
+
+
+async def test_stalled_transport_commits_the_confirmed_prefix(
+    pg_dsn: str, memory: MemoryTransport
+) -> None:
+    store = make_store(
+        pg_dsn,
+        lanes=1,
+        lease_duration="2s",
+        poll_interval="0.1s",
+        batch_size=100,
+        transports={"memory": {"type": "memory"}},
+        default_transport="memory",
+    )
+    await apply_schema(store)
+    write(store, [f"k{index}" for index in range(10)])
+    memory.stall()
+    relay = LaneRelay(store, {"memory": memory}, MEMBER)
+    batch = asyncio.ensure_future(send(relay, 0))
+    await asyncio.sleep(0.2)
+    memory.release(4)  # four acknowledgements arrive, the rest never do
+    started = asyncio.get_running_loop().time()
+    result = await batch
+    elapsed = asyncio.get_running_loop().time() - started + 0.2
+    assert result.sent == 4
+    assert elapsed < 1.0 + 0.5  # within lease/2 (plus scheduling slack)
+    assert pending(store) == 6
+
+
+async def test_a_lane_locked_by_another_batch_is_skipped_without_waiting(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    write(relay_store, keys_in_lane(relay_store, 1, 1))
+    other = LaneRelay(relay_store, {"memory": memory}, "member-b")
+    holder = await connection(relay_store)
+    token, rows = await other.db.lock_and_read(
+        holder, 1, "member-b", __import__("uuid").uuid4(), 10
+    )
+    assert token is not None and rows
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    result = await asyncio.wait_for(send(relay, 1), 2)
+    assert result.scan is Scan.BUSY
+    await holder.rollback()
+    await holder.close()
+
+
+async def test_stale_owner_fenced_delete_removes_nothing(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    ids = write(relay_store, keys_in_lane(relay_store, 0, 2))
+    db = RelayStore(relay_store)
+    import uuid
+
+    async with await connection(relay_store) as conn:
+        token, _ = await db.lock_and_read(conn, 0, MEMBER, uuid.uuid4(), 10)
+        assert token is not None
+        await conn.commit()
+        stale = await db.record_outcomes(
+            conn, lane=0, member=MEMBER, token=uuid.uuid4(), acked=ids, failures=[]
+        )
+        await conn.commit()
+    assert not stale.fence_held and stale.deleted == 0
+    assert pending(relay_store) == 2
+
+
+async def test_killed_connection_mid_batch_loses_nothing(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    keys = keys_in_lane(relay_store, 2, 4)
+    write(relay_store, keys, per_key=5)
+    memory.stall()
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    conn = await connection(relay_store)
+    batch = asyncio.ensure_future(relay.send_lane(conn, 2))
+    await asyncio.sleep(0.2)
+    with psycopg.connect(relay_store.require_dsn(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    memory.resume()
+    result = await batch
+    assert result.scan is Scan.FAILED
+    assert pending(relay_store) == 20  # rolled back: everything is still there
+    duplicates_before = len(memory.received("events"))
+    assert duplicates_before <= relay_store.batch_size
+    result = await send(relay, 2)
+    assert result.sent == 20
+    assert first_deliveries_in_order(memory.received("events"))
+
+
+async def test_probe_is_one_query_for_lanes_scanned_together(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    write(relay_store, keys_in_lane(relay_store, 1, 1))
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    write(relay_store, keys_in_lane(relay_store, 2, 1), deliver_at=later)
+    prober = Prober(RelayStore(relay_store), lambda: connection_autocommit(relay_store))
+    heads = await asyncio.gather(*(prober.head(lane) for lane in range(4)))
+    assert prober.queries == 1
+    assert [head.head_id is not None for head in heads] == [False, True, True, False]
+    assert heads[2].future and 200 < heads[2].due_in <= 300
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    assert relay.after_probe(heads[0]) is not None
+    assert relay.after_probe(heads[1]) is None  # due: must be sent
+    assert relay.after_probe(heads[2]).scan is Scan.FUTURE  # type: ignore[union-attr]
+    await prober.close()
+
+
+async def connection_autocommit(store: StoreSettings) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True)
