@@ -1,0 +1,414 @@
+"""Kafka through confluent-kafka (librdkafka): an idempotent, gapless, pipelined producer.
+
+Options are librdkafka settings, passed through unchanged (``bootstrap.servers``, SASL, SSL,
+``linger.ms``...); underscores may stand for dots (``bootstrap_servers``) so that environment
+variables can carry them. A few are fixed because per-key order depends on them:
+``acks=all``, ``enable.idempotence=true``, ``enable.gapless.guarantee=true`` (a failed message
+fails every later message of its partition), ``max.in.flight.requests.per.connection`` <= 5,
+and ``message.timeout.ms`` above the relay's batch deadline (the gapless guarantee does not
+cover that timeout). ``allow.auto.create.topics`` defaults to false: a missing topic is an
+error that says so, not a topic silently created with the broker's defaults.
+Relayer's own options: ``close_timeout`` and ``metadata_timeout`` (seconds).
+
+The ordering key becomes the Kafka key; the outbox id and the key are also sent as the headers
+``relayer-message-id`` and ``relayer-ordering-key``, so consumers read them the same way from
+every transport. One background thread polls the producer; delivery reports are collected per
+poll and handed to the event loop in one ``call_soon_threadsafe`` per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from relayer.errors import TransportError
+from relayer.redact import redact, redact_mapping
+from relayer.transports.base import (
+    MESSAGE_ID_HEADER,
+    ORDERING_KEY_HEADER,
+    DestinationError,
+    OutgoingMessage,
+    SendError,
+)
+from relayer.transports.kafka_rules import (
+    check_config,
+    delivery_error,
+    produce_error,
+    topic_error,
+)
+from relayer.transports.options import Options, TransportOptionError
+
+logger = logging.getLogger(__name__)
+
+_OWN_OPTIONS = ("close_timeout", "metadata_timeout")
+_POLL_SECONDS = 0.05
+# A missing topic is looked up again after this long, so a topic created meanwhile is found.
+_MISSING_TOPIC_SECONDS = 5.0
+
+_Delivered = list[tuple[asyncio.Future[None], Any, Any]]
+ProducerFactory = Callable[[dict[str, Any]], Any]
+
+
+class _Generation:
+    """One librdkafka producer; replaced as a whole after a fatal error."""
+
+    __slots__ = ("fatal", "number", "producer")
+
+    def __init__(self, number: int, producer: Any) -> None:
+        self.number = number
+        self.producer = producer
+        self.fatal: str | None = None
+
+
+class KafkaTransport:
+    """Publishes to Kafka topics; the destination is the topic name."""
+
+    def __init__(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        *,
+        batch_deadline: timedelta | None = None,
+        close_timeout: float = 30.0,
+        metadata_timeout: float = 10.0,
+        producer_factory: ProducerFactory | None = None,
+    ) -> None:
+        self._name = name
+        self._config = check_config(config, batch_deadline)
+        self._shown = redact_mapping(self._config)
+        self._close_timeout = close_timeout
+        self._metadata_timeout = metadata_timeout
+        self._new_producer: ProducerFactory = producer_factory or Producer
+        self._max_bytes = int(self._config.get("message.max.bytes", 1_000_000))
+        self._generation: _Generation | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._replaced = threading.Event()
+        self._stopped: asyncio.Future[None] | None = None
+        self._delivered: _Delivered = []
+        self._outstanding: set[asyncio.Future[None]] = set()
+        self._space = asyncio.Event()
+        self._waiting_for_space = 0
+        self._known_topics: set[str] = set()
+        self._missing_topics: dict[str, tuple[float, str]] = {}
+        self._closed = False
+
+    @classmethod
+    def from_options(
+        cls, name: str, options: Mapping[str, Any], *, batch_deadline: timedelta | None = None
+    ) -> KafkaTransport:
+        """The ``kafka`` factory: librdkafka settings plus relayer's two timeouts."""
+        reader = Options(options)
+        close_timeout = reader.seconds("close_timeout", 30.0)
+        metadata_timeout = reader.seconds("metadata_timeout", 10.0)
+        config = {_librdkafka_name(key): value for key, value in reader.unread().items()}
+        return cls(
+            name,
+            config,
+            batch_deadline=batch_deadline,
+            close_timeout=close_timeout,
+            metadata_timeout=metadata_timeout,
+        )
+
+    def __repr__(self) -> str:
+        return f"KafkaTransport(name={self._name!r}, config={self._shown!r})"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def pipelines_within_key(self) -> bool:
+        return True
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._stopped = self._loop.create_future()
+        self._generation = _Generation(1, self._create_producer(1))
+        self._thread = threading.Thread(
+            target=self._poll_forever, name=f"relayer-kafka-{self._name}", daemon=True
+        )
+        self._thread.start()
+        try:
+            await asyncio.to_thread(
+                self._generation.producer.list_topics, None, self._metadata_timeout
+            )
+        except KafkaException as exc:
+            await self.close()
+            raise TransportError(
+                f"Kafka transport {self._name!r} cannot reach the cluster at "
+                f"{self._shown.get('bootstrap.servers')!r} within {self._metadata_timeout:g} s: "
+                f"{_text(exc)}; check bootstrap.servers, the network and the security settings"
+            ) from exc
+        logger.info(
+            "Kafka transport %s connected to %s",
+            self._name,
+            self._shown.get("bootstrap.servers"),
+            extra={"action": "transport-start"},
+        )
+
+    async def ordered_by_key(self, destination: str) -> bool:
+        """True once metadata shows the topic exists: Kafka keeps order per key natively."""
+        problem = await self._lookup_topic(destination)
+        if problem is not None:
+            raise DestinationError(problem)
+        return True
+
+    async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
+        generation = self._generation
+        if generation is None or self._closed:
+            generation = self._require_started()
+        future: asyncio.Future[None] = asyncio.Future(loop=self._loop)
+        topic = message.destination
+        if topic not in self._known_topics:
+            problem = await self._lookup_topic(topic, use_cache=True)
+            if problem is not None:
+                future.set_exception(SendError(problem, retryable=False))
+                return future
+            generation = self._require_started()
+        key = message.key
+        if key is None:
+            headers = [(MESSAGE_ID_HEADER, str(message.id))]
+        else:
+            headers = [(MESSAGE_ID_HEADER, str(message.id)), (ORDERING_KEY_HEADER, key)]
+        if message.headers:
+            headers = [
+                item for item in message.headers.items() if item[0] not in _RESERVED
+            ] + headers
+        callback = functools.partial(_record_delivery, self._delivered, future)
+        while True:
+            if generation.fatal is not None:
+                future.set_exception(_fatal_send_error(generation.fatal))
+                return future
+            try:
+                generation.producer.produce(
+                    topic,
+                    message.body,
+                    None if key is None else key.encode(),
+                    headers=headers,
+                    on_delivery=callback,
+                )
+            except BufferError:
+                await self._wait_for_space()
+                generation = self._require_started()
+                continue
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.code() == KafkaError._FATAL:
+                    self._mark_fatal(generation, error)
+                    continue
+                future.set_exception(produce_error(exc, message, self._max_bytes))
+                return future
+            self._outstanding.add(future)
+            return future
+
+    async def close(self) -> None:
+        """Flush (up to ``close_timeout``), fail what is left as retryable, stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None and self._stopped is not None:
+            self._stopping.set()
+            self._replaced.set()
+            await self._stopped
+            await asyncio.to_thread(self._thread.join)
+        leftover = SendError(
+            f"Kafka transport {self._name!r} closed before the broker acknowledged the "
+            "message; it will be retried"
+        )
+        for future in self._outstanding:
+            if not future.done():
+                future.set_exception(leftover)
+        self._outstanding.clear()
+        self._generation = None
+
+    # -- loop thread -----------------------------------------------------------------
+
+    def _require_started(self) -> _Generation:
+        if self._generation is None or self._closed:
+            raise TransportError(
+                f"Kafka transport {self._name!r} is "
+                f"{'closed' if self._closed else 'not started'}; call start() before publish()"
+            )
+        return self._generation
+
+    async def _wait_for_space(self) -> None:
+        # librdkafka's local queue is full: wait for deliveries to free space (backpressure).
+        self._space.clear()
+        self._waiting_for_space += 1
+        try:
+            async with asyncio.timeout(_POLL_SECONDS * 2):
+                await self._space.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._waiting_for_space -= 1
+
+    def _resolve(self, delivered: _Delivered) -> None:
+        outstanding = self._outstanding
+        for future, error, report in delivered:
+            outstanding.discard(future)
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(delivery_error(error, report, self._max_bytes))
+        if self._waiting_for_space:
+            self._space.set()
+
+    def _replace(self, generation: _Generation) -> None:
+        """After a fatal error: fail what the dead producer held, then start a new one."""
+        failure = _fatal_send_error(generation.fatal or "unknown fatal error")
+        for future in self._outstanding:
+            if not future.done():
+                future.set_exception(failure)
+        self._outstanding.clear()
+        if not self._closed:
+            number = generation.number + 1
+            self._generation = _Generation(number, self._create_producer(number))
+            logger.warning(
+                "Kafka transport %s rebuilt its producer after a fatal error: %s",
+                self._name,
+                generation.fatal,
+                extra={"action": "transport-rebuild", "error": generation.fatal},
+            )
+        self._replaced.set()
+
+    def _mark_fatal(self, generation: _Generation, error: Any) -> None:
+        if generation.fatal is None:
+            generation.fatal = redact(_text(error))
+
+    async def _lookup_topic(self, topic: str, *, use_cache: bool = False) -> str | None:
+        """None if ``topic`` exists, else what is wrong and how to fix it."""
+        if use_cache and topic in self._missing_topics:
+            since, remembered = self._missing_topics[topic]
+            if time.monotonic() - since < _MISSING_TOPIC_SECONDS:
+                return remembered
+        generation = self._require_started()
+        try:
+            metadata = await asyncio.to_thread(
+                generation.producer.list_topics, topic, self._metadata_timeout
+            )
+        except KafkaException as exc:
+            return (
+                f"could not look up Kafka topic {topic!r} within {self._metadata_timeout:g} s: "
+                f"{_text(exc)}; check that the cluster is reachable"
+            )
+        problem = topic_error(topic, metadata)
+        if problem is None:
+            self._known_topics.add(topic)
+            self._missing_topics.pop(topic, None)
+        else:
+            self._missing_topics[topic] = (time.monotonic(), problem)
+        return problem
+
+    def _create_producer(self, number: int) -> Any:
+        config = dict(self._config)
+        config["error_cb"] = functools.partial(self._on_error, number)
+        config["logger"] = logging.getLogger(f"{__name__}.librdkafka")
+        try:
+            return self._new_producer(config)
+        except KafkaException as exc:
+            raise TransportOptionError(
+                "options", self._shown, f"librdkafka refused the settings: {_text(exc)}"
+            ) from exc
+
+    # -- poll thread -----------------------------------------------------------------
+
+    def _on_error(self, number: int, error: Any) -> None:
+        generation = self._generation
+        if generation is not None and generation.number == number and error.fatal():
+            self._mark_fatal(generation, error)
+        else:
+            logger.warning(
+                "Kafka transport %s: %s",
+                self._name,
+                redact(_text(error)),
+                extra={"action": "transport-error", "error": redact(_text(error))},
+            )
+
+    def _poll_forever(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            while not self._stopping.is_set():
+                generation = self._generation
+                if generation is None:
+                    break
+                generation.producer.poll(_POLL_SECONDS)
+                self._hand_over(loop)
+                if generation.fatal is not None:
+                    self._retire(loop, generation)
+            self._final_flush(loop)
+        finally:
+            loop.call_soon_threadsafe(_finish, self._stopped)
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._delivered:
+            batch = self._delivered[:]
+            self._delivered.clear()
+            loop.call_soon_threadsafe(self._resolve, batch)
+
+    def _retire(self, loop: asyncio.AbstractEventLoop, generation: _Generation) -> None:
+        generation.producer.purge()
+        generation.producer.poll(0)
+        self._hand_over(loop)
+        self._replaced.clear()
+        loop.call_soon_threadsafe(self._replace, generation)
+        self._replaced.wait()
+
+    def _final_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        generation = self._generation
+        if generation is None:
+            return
+        if generation.fatal is None:
+            generation.producer.flush(self._close_timeout)
+        generation.producer.purge()
+        generation.producer.poll(0)
+        self._hand_over(loop)
+
+
+_RESERVED = frozenset({MESSAGE_ID_HEADER, ORDERING_KEY_HEADER})
+
+
+def _record_delivery(
+    delivered: _Delivered, future: asyncio.Future[None], error: Any, report: Any
+) -> None:
+    # Runs in the poll thread, inside producer.poll(): only collect; the loop resolves.
+    delivered.append((future, error, report if error is not None else None))
+
+
+def _finish(stopped: asyncio.Future[None] | None) -> None:
+    if stopped is not None and not stopped.done():
+        stopped.set_result(None)
+
+
+def _fatal_send_error(reason: str) -> SendError:
+    return SendError(
+        f"the Kafka producer stopped after a fatal error ({reason}); it was rebuilt and the "
+        "message will be retried"
+    )
+
+
+def _librdkafka_name(option: str) -> str:
+    return option.replace("_", ".")
+
+
+def _text(error: Any) -> str:
+    if isinstance(error, KafkaException) and error.args:
+        error = error.args[0]
+    if isinstance(error, KafkaError):
+        return f"{error.name()}: {error.str()}"
+    return str(error)

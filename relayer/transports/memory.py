@@ -1,0 +1,310 @@
+"""An in-memory transport with fault injection, for the relay's tests and for users' tests.
+
+``MemoryTransport`` records what each destination received and in which order publishes were
+initiated and acknowledged. Faults are injected with methods: fail the next N publishes, fail
+every message of a key, stall acknowledgements (until released or for a delay), declare a
+destination unordered or unknown, fail ``start()``. Everything is deterministic: without a stall
+a publish is acknowledged (or failed) before ``publish`` returns; the only timers are the
+explicit stall delays.
+
+With ``pipelines_within_key`` (the default) it behaves like Kafka's gapless producer: once a
+message of key K to destination D fails, every later message of K to D that was published
+before that failure was reported fails too (and is not received). A failure counts as reported
+once its awaitable is done, which is when the relay can see it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from relayer.errors import TransportError
+from relayer.transports.base import DestinationError, OutgoingMessage, SendError
+from relayer.transports.options import Options
+
+_KNOWN_OPTIONS = "pipelines_within_key, unordered_destinations, unknown_destinations"
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledgement:
+    """The outcome of one publish, in the order outcomes were reported."""
+
+    message: OutgoingMessage
+    error: SendError | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class _Fault:
+    retryable: bool
+    message: str
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    message: OutgoingMessage
+    future: asyncio.Future[None]
+    error: SendError | None
+
+
+class MemoryTransport:
+    """A fault-injectable transport that keeps everything it was sent in memory."""
+
+    def __init__(
+        self,
+        name: str = "memory",
+        *,
+        pipelines_within_key: bool = True,
+        unordered_destinations: Iterable[str] = (),
+        unknown_destinations: Iterable[str] = (),
+    ) -> None:
+        self._name = name
+        self._pipelines_within_key = pipelines_within_key
+        self._unordered = set(unordered_destinations)
+        self._unknown: dict[str, str] = {
+            destination: _unknown_text(destination) for destination in unknown_destinations
+        }
+        self._received: dict[str, list[OutgoingMessage]] = {}
+        self._all: list[OutgoingMessage] = []
+        self._published: list[OutgoingMessage] = []
+        self._acknowledged: list[Acknowledgement] = []
+        self._lookups: list[str] = []
+        self._held: deque[_Pending] = deque()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._unreported: dict[tuple[str, str], int] = {}
+        self._fail_next: deque[_Fault] = deque()
+        self._failing_keys: dict[str, _Fault] = {}
+        self._start_error: BaseException | None = None
+        self._stalled = False
+        self._stall_delay: float | None = None
+        self.started = False
+        self.closed = False
+
+    @classmethod
+    def from_options(cls, name: str, options: Mapping[str, Any]) -> MemoryTransport:
+        """The ``memory`` factory: options as in ``[stores.X.transports.Y]``."""
+        reader = Options(options)
+        transport = cls(
+            name,
+            pipelines_within_key=reader.flag("pipelines_within_key", True),
+            unordered_destinations=reader.names("unordered_destinations"),
+            unknown_destinations=reader.names("unknown_destinations"),
+        )
+        reader.reject_unread("memory", _KNOWN_OPTIONS)
+        return transport
+
+    # -- the Transport contract ---------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def pipelines_within_key(self) -> bool:
+        return self._pipelines_within_key
+
+    async def start(self) -> None:
+        if self._start_error is not None:
+            raise self._start_error
+        self.started = True
+        self.closed = False
+
+    async def ordered_by_key(self, destination: str) -> bool:
+        self._lookups.append(destination)
+        if destination in self._unknown:
+            raise DestinationError(self._unknown[destination])
+        return destination not in self._unordered
+
+    async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
+        if not self.started or self.closed:
+            state = "closed" if self.closed else "not started"
+            raise TransportError(
+                f"memory transport {self._name!r} is {state}; call start() before publish()"
+            )
+        self._published.append(message)
+        error = self._outcome(message)
+        if error is None:
+            self._received.setdefault(message.destination, []).append(message)
+            self._all.append(message)
+        elif self._pipelines_within_key and message.key is not None:
+            lane = (message.destination, message.key)
+            self._unreported[lane] = self._unreported.get(lane, 0) + 1
+        pending = _Pending(message, asyncio.get_running_loop().create_future(), error)
+        if not self._stalled:
+            self._resolve(pending)
+        else:
+            self._held.append(pending)
+            if self._stall_delay is not None:
+                self._release_later(pending, self._stall_delay)
+        return pending.future
+
+    async def close(self) -> None:
+        """Report every held outcome (a stall ends), then refuse further publishes."""
+        self.release()
+        self._stalled = False
+        self.closed = True
+
+    # -- inspection ------------------------------------------------------------------
+
+    def received(self, destination: str) -> list[OutgoingMessage]:
+        """What ``destination`` accepted, in the order it accepted it."""
+        return list(self._received.get(destination, ()))
+
+    def received_all(self) -> list[OutgoingMessage]:
+        """What every destination accepted, in one list, in acceptance order."""
+        return list(self._all)
+
+    @property
+    def destinations(self) -> list[str]:
+        return list(self._received)
+
+    @property
+    def published(self) -> list[OutgoingMessage]:
+        """Every message handed to ``publish``, in the order publishes were initiated."""
+        return list(self._published)
+
+    @property
+    def acknowledged(self) -> list[Acknowledgement]:
+        """Every reported outcome, in the order outcomes were reported."""
+        return list(self._acknowledged)
+
+    @property
+    def lookups(self) -> list[str]:
+        """Destinations passed to ``ordered_by_key``, one entry per call."""
+        return list(self._lookups)
+
+    @property
+    def held(self) -> int:
+        """How many outcomes a stall is holding back."""
+        return len(self._held)
+
+    def forget(self) -> None:
+        """Drop every recorded message, outcome and lookup (faults stay as they are)."""
+        for record in (self._received, self._all, self._published, self._acknowledged):
+            record.clear()
+        self._lookups.clear()
+
+    # -- fault injection -------------------------------------------------------------
+
+    def fail_next(
+        self, count: int = 1, *, retryable: bool = True, message: str = "injected failure"
+    ) -> None:
+        """Fail the next ``count`` publishes with SendError(``message``, retryable=...)."""
+        self._fail_next.extend(_Fault(retryable, message) for _ in range(count))
+
+    def fail_key(
+        self, key: str, *, retryable: bool = True, message: str = "injected failure"
+    ) -> None:
+        """Fail every message of ``key`` (any destination) until ``clear_key``."""
+        self._failing_keys[key] = _Fault(retryable, message)
+
+    def clear_key(self, key: str) -> None:
+        self._failing_keys.pop(key, None)
+
+    def clear_faults(self) -> None:
+        """Forget pending ``fail_next`` counts and failing keys (stalls stay)."""
+        self._fail_next.clear()
+        self._failing_keys.clear()
+
+    def stall(self, delay: float | None = None) -> None:
+        """Accept publishes but hold their outcomes until ``release`` (or ``delay`` seconds)."""
+        self._stalled = True
+        self._stall_delay = delay
+
+    def release(self, count: int | None = None) -> int:
+        """Report the oldest ``count`` held outcomes (all by default); returns how many."""
+        released = 0
+        while self._held and (count is None or released < count):
+            self._resolve(self._held.popleft())
+            released += 1
+        return released
+
+    def resume(self) -> None:
+        """End the stall and report everything it held."""
+        self._stalled = False
+        self._stall_delay = None
+        self.release()
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+
+    def declare_unordered(self, destination: str) -> None:
+        self._unordered.add(destination)
+
+    def declare_ordered(self, destination: str) -> None:
+        self._unordered.discard(destination)
+        self._unknown.pop(destination, None)
+
+    def declare_unknown(self, destination: str, message: str | None = None) -> None:
+        """``ordered_by_key`` raises DestinationError; publishes fail, not retryable."""
+        self._unknown[destination] = message or _unknown_text(destination)
+
+    def fail_start(self, error: BaseException | None = None) -> None:
+        """Make ``start()`` raise ``error`` (a TransportError by default) until cleared."""
+        self._start_error = error or TransportError(
+            f"memory transport {self._name!r}: injected start failure"
+        )
+
+    def clear_start_failure(self) -> None:
+        self._start_error = None
+
+    # -- internals -------------------------------------------------------------------
+
+    def _outcome(self, message: OutgoingMessage) -> SendError | None:
+        if message.key is not None and self._unreported.get((message.destination, message.key)):
+            return SendError(
+                f"an earlier message of key {message.key!r} to {message.destination!r} failed "
+                "and this one was already in flight (gapless producer); it will be retried"
+            )
+        if self._fail_next:
+            fault = self._fail_next.popleft()
+            return SendError(fault.message, retryable=fault.retryable)
+        if message.key is not None and message.key in self._failing_keys:
+            fault = self._failing_keys[message.key]
+            return SendError(fault.message, retryable=fault.retryable)
+        if message.destination in self._unknown:
+            return SendError(self._unknown[message.destination], retryable=False)
+        return None
+
+    def _resolve(self, pending: _Pending) -> None:
+        if pending.future.done():
+            return
+        message, error = pending.message, pending.error
+        if error is None:
+            pending.future.set_result(None)
+        else:
+            pending.future.set_exception(error)
+            lane = (message.destination, message.key or "")
+            if self._pipelines_within_key and message.key is not None:
+                remaining = self._unreported.get(lane, 0) - 1
+                if remaining > 0:
+                    self._unreported[lane] = remaining
+                else:
+                    self._unreported.pop(lane, None)
+        self._acknowledged.append(Acknowledgement(message, error))
+
+    def _release_later(self, pending: _Pending, delay: float) -> None:
+        def fire() -> None:
+            self._timers.discard(timer)
+            if pending in self._held:
+                # Outcomes are reported in publish order, so release up to this one.
+                while self._held and self._held[0] is not pending:
+                    self._resolve(self._held.popleft())
+                if self._held:
+                    self._resolve(self._held.popleft())
+
+        timer = asyncio.get_running_loop().call_later(delay, fire)
+        self._timers.add(timer)
+
+
+def _unknown_text(destination: str) -> str:
+    return (
+        f"destination {destination!r} is unknown to the memory transport; "
+        "fix the destination or declare it with declare_ordered()"
+    )
