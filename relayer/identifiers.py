@@ -24,7 +24,6 @@ TABLE_SUFFIXES: dict[str, str] = {
     "migrations": "migrations",
     "queues": "queues",
     "queue_events": "queue_events",
-    "queue_slots": "queue_slots",
     "inbox": "inbox",
 }
 # Every index relayer creates, by role. Counted in the length rule, since a truncated index name

@@ -1,0 +1,153 @@
+"""The cluster gate: pause state and concurrency limits shared by every process.
+
+A worker group asks its gate once per pass: "here are my queues, my preference order and how
+many slots I have free". The gate answers with the grants, in order, and each queue's state.
+:class:`~relayer.dispatch.postgres.PostgresClusterState` answers from a store's tables in one
+database round trip; :class:`RoutedClusterState` sends each queue to the gate of its own store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from relayer.errors import DispatchError
+
+logger = logging.getLogger(__name__)
+
+
+class GateState(StrEnum):
+    OPEN = "open"  # not paused; had free slots for every entry it was asked for
+    PAUSED = "paused"  # the queue, or every queue, is paused
+    FULL = "full"  # at its concurrency limit: some entries were refused
+    UNAVAILABLE = "unavailable"  # the gate could not be asked (database unreachable)
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """The right to run one job of ``queue``; ``number`` None when the queue has no limit."""
+
+    queue: str
+    number: int | None = None
+    epoch: int = 0  # the gate's connection generation that holds it
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    queues: tuple[str, ...]
+    order: tuple[int, ...]  # queue indices, most preferred first (the planner's order)
+    budget: int  # grant at most this many
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    position: int  # index into the request's order
+    queue_index: int
+    slot: Slot
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGate:
+    state: GateState
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    grants: tuple[Grant, ...]  # in order of position
+    gates: tuple[QueueGate, ...]  # per queue of the request
+
+
+class ClusterState(Protocol):
+    async def acquire(self, request: ClaimRequest) -> ClaimResult:
+        """Grant up to ``request.budget`` entries of the order, skipping refused queues."""
+        ...
+
+    def release(self, slot: Slot) -> None:
+        """Give a slot back as soon as possible; never blocks and never raises."""
+        ...
+
+
+def grant_locally(request: ClaimRequest) -> ClaimResult:
+    """The answer of a gate with no pause and no limits: the first ``budget`` entries."""
+    grants = tuple(
+        Grant(position, index, Slot(request.queues[index]))
+        for position, index in enumerate(request.order[: request.budget])
+    )
+    return ClaimResult(grants, tuple(QueueGate(GateState.OPEN) for _ in request.queues))
+
+
+class RoutedClusterState:
+    """Sends each queue to the gate of its own store (queues of different databases).
+
+    Each gate is asked concurrently with the full budget, so a pass still costs one round trip
+    of latency; grants past the budget (possible only when several gates grant) are returned at
+    once. Queues without a route use ``default``, or have no pause and no limit when it is None.
+    """
+
+    def __init__(
+        self, routes: Mapping[str, ClusterState], default: ClusterState | None = None
+    ) -> None:
+        self._routes = dict(routes)
+        self._default = default
+
+    def gate_for(self, queue: str) -> ClusterState | None:
+        return self._routes.get(queue, self._default)
+
+    async def acquire(self, request: ClaimRequest) -> ClaimResult:
+        groups: dict[int, tuple[ClusterState | None, list[int]]] = {}
+        for index, queue in enumerate(request.queues):
+            gate = self.gate_for(queue)
+            groups.setdefault(id(gate), (gate, []))[1].append(index)
+        parts = await asyncio.gather(
+            *(self._ask(gate, members, request) for gate, members in groups.values())
+        )
+        gates: list[QueueGate] = [QueueGate(GateState.OPEN)] * len(request.queues)
+        grants: list[Grant] = []
+        for part_grants, part_gates in parts:
+            grants.extend(part_grants)
+            for index, gate_state in part_gates.items():
+                gates[index] = gate_state
+        grants.sort(key=lambda grant: grant.position)
+        for extra in grants[request.budget :]:
+            self.release(extra.slot)
+        return ClaimResult(tuple(grants[: request.budget]), tuple(gates))
+
+    def release(self, slot: Slot) -> None:
+        gate = self.gate_for(slot.queue)
+        if gate is not None:
+            gate.release(slot)
+
+    async def _ask(
+        self, gate: ClusterState | None, members: Sequence[int], request: ClaimRequest
+    ) -> tuple[list[Grant], dict[int, QueueGate]]:
+        local = {index: position for position, index in enumerate(members)}
+        positions = [p for p, index in enumerate(request.order) if index in local]
+        sub = ClaimRequest(
+            tuple(request.queues[index] for index in members),
+            tuple(local[request.order[p]] for p in positions),
+            request.budget,
+        )
+        if gate is None:
+            result = grant_locally(sub)
+        else:
+            try:
+                result = await gate.acquire(sub)
+            except DispatchError as exc:
+                logger.warning(
+                    "dispatch: cannot reach the cluster state of queues %s: %s",
+                    ", ".join(sub.queues),
+                    exc,
+                    extra={"action": "cluster_state_unavailable", "queue": sub.queues[0]},
+                )
+                down = QueueGate(GateState.UNAVAILABLE)
+                return [], {members[i]: down for i in range(len(members))}
+        grants = [
+            Grant(positions[grant.position], members[grant.queue_index], grant.slot)
+            for grant in result.grants
+        ]
+        return grants, {members[i]: gate for i, gate in enumerate(result.gates)}

@@ -1,0 +1,159 @@
+"""Operator controls of a store's queues: pause, resume, concurrency limits, status, audit.
+
+Every change is one statement that updates the queue's current state and appends an audit row
+(who, when, why, what), so the two never disagree. Workers read the state on their next claim.
+``who`` defaults to ``user@host:pid`` of the calling process.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from relayer.dispatch.policies import ALL_QUEUES, InvalidDispatchError, check_queue_name
+from relayer.dispatch.statements import queue_lock_key
+from relayer.errors import ConfigurationError
+from relayer.identifiers import StoreNames
+from relayer.sql import queries_for
+
+LIMIT_RULE = "must be an integer >= 1, or None ('none' on the command line) to remove the limit"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """A queue's cluster-wide state. The queue ``*`` is the pause of every queue."""
+
+    queue: str
+    paused: bool  # by its own pause (see also the '*' entry)
+    changed_by: str | None  # who paused or resumed it last, when and why
+    changed_at: datetime | None
+    reason: str | None
+    limit: int | None
+    slots_in_use: int | None  # jobs holding a slot now; None when the queue has no limit
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEvent:
+    id: int
+    queue: str
+    action: str  # 'pause', 'resume' or 'limit'
+    actor: str
+    reason: str | None
+    limit: int | None
+    occurred_at: datetime
+
+
+def default_actor() -> str:
+    """``user@host:pid``: who made a change when the caller does not say."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+def check_limit(limit: object) -> int | None:
+    """A concurrency limit: an integer >= 1, or None for none. Anything else is rejected."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigurationError("limit", limit, LIMIT_RULE)
+    return limit
+
+
+def _queue_name(queue: object) -> str:
+    try:
+        return check_queue_name(queue)
+    except InvalidDispatchError as exc:
+        raise ConfigurationError("queue", queue, str(exc).rstrip(".")) from None
+
+
+class QueueControl:
+    """Changes and reads the queue state of one store through ``conn``.
+
+    Each change is a single statement: atomic on an autocommit connection, and part of the
+    caller's transaction otherwise (visible to workers once the caller commits).
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], names: StoreNames) -> None:
+        self._conn = conn
+        self._names = names
+        self._queries = queries_for(names)
+
+    async def pause(
+        self, queue: str | None = None, *, reason: str | None = None, by: str | None = None
+    ) -> None:
+        """Pause ``queue`` (every queue of the store when None) on every node's next claim."""
+        await self._change("queue_pause", queue, reason, by)
+
+    async def resume(
+        self, queue: str | None = None, *, reason: str | None = None, by: str | None = None
+    ) -> None:
+        """Resume ``queue``; None lifts the pause of every queue (own pauses stay in force)."""
+        await self._change("queue_resume", queue, reason, by)
+
+    async def set_limit(
+        self,
+        queue: str,
+        limit: int | None,
+        *,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> None:
+        """Cap how many jobs of ``queue`` run at once across the cluster (None: no cap)."""
+        params = {
+            "queue": _queue_name(queue),
+            "limit": check_limit(limit),
+            "actor": by or default_actor(),
+            "reason": reason,
+        }
+        await self._conn.execute(self._queries["queue_set_limit"], params)
+
+    async def status(self, queues: Iterable[str] = ()) -> tuple[QueueStatus, ...]:
+        """Every queue with a stored state, plus ``queues`` (defaults for those without)."""
+        cursor = await self._conn.execute(self._queries["queue_states"])
+        rows = {row[0]: row for row in await cursor.fetchall()}
+        for queue in queues:
+            rows.setdefault(_queue_name(queue), (queue, False, None, None, None, None))
+        keys = {queue: queue_lock_key(self._names, queue) for queue in rows}
+        cursor = await self._conn.execute(
+            self._queries["queue_slots_in_use"], (list(keys.values()),)
+        )
+        in_use = {int(key): int(count) for key, count in await cursor.fetchall()}
+        ordered = sorted(rows, key=lambda queue: (queue != ALL_QUEUES, queue))
+        return tuple(
+            QueueStatus(
+                queue=queue,
+                paused=bool(rows[queue][1]),
+                changed_by=rows[queue][2],
+                changed_at=rows[queue][3],
+                reason=rows[queue][4],
+                limit=rows[queue][5],
+                slots_in_use=None if rows[queue][5] is None else in_use.get(keys[queue], 0),
+            )
+            for queue in ordered
+        )
+
+    async def events(self, queue: str | None = None, limit: int = 100) -> tuple[QueueEvent, ...]:
+        """The latest audit rows, newest first (of one queue, or of all)."""
+        cursor = await self._conn.execute(
+            self._queries["queue_event_log"], {"queue": queue, "limit": limit}
+        )
+        return tuple(QueueEvent(*row) for row in await cursor.fetchall())
+
+    async def _change(
+        self, statement: str, queue: str | None, reason: str | None, by: str | None
+    ) -> None:
+        params = {
+            "queue": ALL_QUEUES if queue is None else _queue_name(queue),
+            "actor": by or default_actor(),
+            "reason": reason,
+        }
+        await self._conn.execute(self._queries[statement], params)

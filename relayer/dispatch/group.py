@@ -1,0 +1,306 @@
+"""Worker groups: a pool of slots that claims due jobs from its queues with a policy.
+
+Each pass claims only into free slots (a full pool claims nothing: backpressure), asks the
+cluster gate once for every queue of the pass (one database round trip with a
+PostgresClusterState), issues one claim per queue with a positive allocation and starts one
+task per job. Between passes the group sleeps until a slot frees, a source reports earlier
+work, the earliest due time comes, or, while a due queue was refused (paused, at its limit,
+unreachable), ``recheck_interval`` has passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any, Generic
+
+from relayer.dispatch.clock import Clock, MonotonicClock
+from relayer.dispatch.cluster import (
+    ClaimRequest,
+    ClaimResult,
+    ClusterState,
+    GateState,
+    QueueGate,
+    Slot,
+    grant_locally,
+)
+from relayer.dispatch.planner import Planner
+from relayer.dispatch.policies import (
+    DEFAULT_POOL_SIZE,
+    InvalidDispatchError,
+    Policy,
+    configured_shares,
+    validate,
+)
+from relayer.dispatch.queue import Job, JobSource, KeyT
+from relayer.dispatch.telemetry import PassReport, QueueTelemetry, snapshot
+from relayer.errors import DispatchError, UsageError
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Job[KeyT]], Awaitable[None]]
+_REFUSED = (GateState.PAUSED, GateState.UNAVAILABLE)
+
+
+class WorkerGroup(Generic[KeyT]):
+    """Runs ``handler`` for due jobs of ``sources``, at most ``pool_size`` at a time.
+
+    The policy and pool size are validated when the group starts (``run`` or ``validate``).
+    A handler's exception is logged and never stops the group. ``stop()`` ends the claiming;
+    ``run`` then returns once the running handlers have finished.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        sources: Iterable[JobSource[KeyT]],
+        handler: Handler[KeyT],
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        cluster_state: ClusterState | None = None,
+        clock: Clock | None = None,
+        name: str = "workers",
+        recheck_interval: float = 1.0,
+    ) -> None:
+        self.policy = policy
+        self.pool_size = pool_size
+        self.name = name
+        self.recheck_interval = recheck_interval
+        self._given_sources = tuple(sources)
+        self._handler = handler
+        self._cluster = cluster_state
+        self._clock: Clock = clock or MonotonicClock()
+        self._planner = Planner(policy)
+        self._sources: tuple[JobSource[KeyT], ...] = ()
+        self._queues: tuple[str, ...] = ()
+        self._served: list[int] = []
+        self._running: list[int] = []
+        self._gates: list[GateState | None] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._active = False
+        self._passes = 0
+        self._last: PassReport | None = None
+        self._pass_waiters: list[asyncio.Future[PassReport]] = []
+        self._spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.name!r}, {self.policy!r}, pool_size={self.pool_size})"
+
+    # -- public surface --------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Check the policy, the pool size and that each queue has exactly one source."""
+        queues = validate(self.policy, self.pool_size)
+        if not isinstance(self.recheck_interval, int | float) or self.recheck_interval <= 0:
+            raise InvalidDispatchError(
+                f"A worker group's recheck_interval must be > 0 seconds, got "
+                f"{self.recheck_interval!r}."
+            )
+        by_name: dict[str, JobSource[KeyT]] = {}
+        for source in self._given_sources:
+            if source.name in by_name:
+                raise InvalidDispatchError(
+                    f"Worker group {self.name!r} has two sources named {source.name!r}; "
+                    "give each queue one source."
+                )
+            by_name[source.name] = source
+        missing = [queue for queue in queues if queue not in by_name]
+        extra = [name for name in by_name if name not in queues]
+        if missing or extra:
+            raise InvalidDispatchError(
+                f"Worker group {self.name!r}: the policy serves queues {list(queues)} but the "
+                f"sources are {list(by_name)}; give exactly one source per queue of the policy."
+            )
+        self._queues = queues
+        self._sources = tuple(by_name[queue] for queue in queues)
+        if len(self._served) != len(queues):
+            self._served = [0] * len(queues)
+            self._running = [0] * len(queues)
+            self._gates = [None] * len(queues)
+
+    @property
+    def running(self) -> int:
+        return sum(self._running)
+
+    @property
+    def free(self) -> int:
+        return self.pool_size - self.running
+
+    @property
+    def last_pass(self) -> PassReport | None:
+        return self._last
+
+    def telemetry(self) -> tuple[QueueTelemetry, ...]:
+        """Per queue: jobs served, share of service against the configured share, oldest age."""
+        if not self._sources:
+            self.validate()
+        return snapshot(
+            queues=self._queues,
+            served=self._served,
+            configured=configured_shares(self.policy),
+            next_due=[source.next_due() for source in self._sources],
+            running=self._running,
+            gates=self._gates,
+            now=self._clock.now(),
+        )
+
+    def next_pass(self) -> asyncio.Future[PassReport]:
+        """A future resolved with the report of the next pass that completes."""
+        future: asyncio.Future[PassReport] = asyncio.get_running_loop().create_future()
+        self._pass_waiters.append(future)
+        return future
+
+    def wake(self) -> None:
+        """Run a pass now (sources call this through ``listen``; so does a finishing job)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop claiming; ``run`` returns when the running handlers have finished."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        if self._active:
+            raise UsageError(f"worker group {self.name!r} is already running")
+        self.validate()
+        self._active = True
+        self._stopping = False
+        for source in self._sources:
+            source.listen(self.wake)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._spawn = tasks.create_task
+                while not self._stopping:
+                    self._wake.clear()
+                    deadline = await self._pass()
+                    if not self._stopping:
+                        await self._clock.wait(self._wake, deadline)
+        finally:
+            self._spawn = None
+            self._active = False
+            for source in self._sources:
+                source.unlisten(self.wake)
+
+    # -- one pass --------------------------------------------------------------------------
+
+    async def _pass(self) -> float | None:
+        free = self.free
+        claimed = [0] * len(self._sources)
+        gates: list[GateState | None] = [None] * len(self._sources)
+        if free > 0:
+            now = self._clock.now()
+            cap = None if self._planner.exact_counts else free
+            due = [source.due_count(now, cap) for source in self._sources]
+            if any(due):
+                plan = self._planner.plan(free, due, overflow=self._cluster is not None)
+                result = await self._ask_gate(ClaimRequest(self._queues, plan.order, free))
+                claimed = self._start(result, [min(count, free) for count in due])
+                gates = [gate.state for gate in result.gates]
+                self._gates = list(gates)
+        return self._finish_pass(free, claimed, gates)
+
+    async def _ask_gate(self, request: ClaimRequest) -> ClaimResult:
+        if self._cluster is None:
+            return grant_locally(request)
+        try:
+            return await self._cluster.acquire(request)
+        except DispatchError as exc:
+            logger.warning(
+                "dispatch: group %r cannot ask the cluster state, retrying in %ss: %s",
+                self.name,
+                self.recheck_interval,
+                exc,
+                extra={"action": "cluster_state_unavailable"},
+            )
+            down = QueueGate(GateState.UNAVAILABLE)
+            return ClaimResult((), tuple(down for _ in request.queues))
+
+    def _start(self, result: ClaimResult, demand: list[int]) -> list[int]:
+        """Issue one claim per queue with grants; start the jobs; charge what was issued."""
+        slots: list[list[Slot]] = [[] for _ in self._sources]
+        for grant in result.grants:
+            slots[grant.queue_index].append(grant.slot)
+        now = self._clock.now()
+        claimed = [0] * len(self._sources)
+        for index, queue_slots in enumerate(slots):
+            if not queue_slots:
+                continue
+            jobs = self._sources[index].claim(now, len(queue_slots))
+            claimed[index] = len(jobs)
+            for job, slot in zip(jobs, queue_slots, strict=False):
+                self._launch(index, job, slot)
+            for unused in queue_slots[len(jobs) :]:
+                self._release(unused)  # another group took the job while we asked the gate
+        issued: list[int] = []
+        counted = [0] * len(self._sources)
+        for grant in result.grants:
+            if counted[grant.queue_index] < claimed[grant.queue_index]:
+                counted[grant.queue_index] += 1
+                issued.append(grant.queue_index)
+        for index, gate in enumerate(result.gates):
+            if gate.state in _REFUSED:
+                demand[index] = 0
+            elif gate.state is GateState.FULL or claimed[index] < len(slots[index]):
+                demand[index] = claimed[index]
+        self._planner.charge(issued, demand)
+        return claimed
+
+    def _launch(self, index: int, job: Job[KeyT], slot: Slot) -> None:
+        assert self._spawn is not None
+        self._running[index] += 1
+        self._served[index] += 1
+        self._spawn(self._execute(index, job, slot))
+
+    async def _execute(self, index: int, job: Job[KeyT], slot: Slot) -> None:
+        try:
+            await self._handler(job)
+        except Exception:
+            logger.exception(
+                "dispatch: group %r: the handler failed for job %r of queue %r",
+                self.name,
+                job.key,
+                job.queue,
+                extra={"action": "job_failed", "queue": job.queue, "key": str(job.key)},
+            )
+        finally:
+            self._running[index] -= 1
+            self._sources[index].finish(job)
+            self._release(slot)
+            self._wake.set()
+
+    def _release(self, slot: Slot) -> None:
+        if self._cluster is not None:
+            self._cluster.release(slot)
+
+    def _finish_pass(
+        self, free: int, claimed: Sequence[int], gates: Sequence[GateState | None]
+    ) -> float | None:
+        self._passes += 1
+        report = PassReport(self._passes, free, tuple(claimed), tuple(gates))
+        self._last = report
+        waiters, self._pass_waiters = self._pass_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(report)
+        if report.total:
+            logger.debug(
+                "dispatch: group %r pass %d started %s",
+                self.name,
+                report.number,
+                dict(zip(self._queues, claimed, strict=True)),
+                extra={"action": "dispatch_pass"},
+            )
+        if self.free <= 0:
+            return None  # only a finishing job can make room
+        now = self._clock.now()
+        deadline: float | None = None
+        for source in self._sources:
+            due = source.next_due()
+            if due is None:
+                continue
+            # Work that is due but was not claimed waits on the gate: look again later.
+            wake_at = due if due > now else now + self.recheck_interval
+            deadline = wake_at if deadline is None else min(deadline, wake_at)
+        return deadline

@@ -1,0 +1,203 @@
+"""The planner: which queue each free slot of a pass goes to. Pure: no I/O, no clock.
+
+A pass gives the planner the number of free slots and each queue's count of due jobs; the
+planner answers with a preference *order*, a sequence of queue indices. Granting the first
+``free`` entries of the order is the pass's allocation. With ``overflow`` the order goes on
+past ``free`` (every queue up to its due count), so a gate that refuses a queue (paused, at its
+concurrency limit) skips that queue's entries and the slots flow to the next queues in the
+same proportions: the pass stays work-conserving without another round trip.
+
+Weighted is smooth weighted round-robin over the queues that still have due work in the pass.
+Each step every such queue's credit grows by its weight and the winner (highest credit, ties
+to the earlier queue) pays the sum of those weights; a queue without due work banks its weight
+per step, capped at the total weight T. When every queue has work this is exactly "grow by the
+weight, the winner pays T", and a queue that runs out of work in a pass hands its remaining
+steps to the others in proportion to their weights (reflow by weight, not by declaration
+order). Credits move only in :meth:`Planner.charge`, for claims actually issued, charged to
+the queue that actually served; the order itself is computed on a scratch copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import assert_never
+
+from relayer.dispatch.policies import (
+    MaxLen,
+    MinLen,
+    Policy,
+    Priority,
+    RoundRobin,
+    Strict,
+    Weighted,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The outcome of planning one pass."""
+
+    order: tuple[int, ...]  # queue indices, most preferred first
+    allocation: tuple[int, ...]  # per queue: entries among the first `free` of the order
+    free: int
+
+
+def swrr_step(
+    credits: list[int],
+    weights: Sequence[int],
+    eligible: Sequence[bool],
+    total: int,
+    winner: int | None = None,
+) -> int:
+    """One smooth weighted round-robin step over ``credits`` (mutated); returns the winner.
+
+    ``winner`` forces the queue that serves (used when charging what was actually issued).
+    """
+    paid = 0
+    best = -1
+    for index, weight in enumerate(weights):
+        if eligible[index]:
+            credit = credits[index] + weight
+            credits[index] = credit
+            paid += weight
+            if best < 0 or credit > credits[best]:
+                best = index
+        else:
+            # An idle queue banks at most T, so it cannot come back with an unbounded burst.
+            credits[index] = min(total, credits[index] + weight)
+    chosen = best if winner is None else winner
+    credits[chosen] -= paid
+    return chosen
+
+
+class Planner:
+    """The planning state of one worker group: Weighted credits or the RoundRobin cursor."""
+
+    __slots__ = ("_credits", "_cursor", "_policy", "_rank_order", "_total", "_weights")
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self._weights: tuple[int, ...] = ()
+        self._total = 0
+        if isinstance(policy, Weighted):
+            self._weights = tuple(weight for _, weight in policy.weights)
+            self._total = sum(self._weights)
+        self._credits = [0] * len(policy.queues)
+        self._cursor = 0
+        self._rank_order = policy.order() if isinstance(policy, Priority) else ()
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def credits(self) -> tuple[int, ...]:
+        return tuple(self._credits)
+
+    @property
+    def exact_counts(self) -> bool:
+        """True when the policy compares backlog lengths, so due counts must not be capped."""
+        return isinstance(self._policy, MaxLen | MinLen)
+
+    def plan(self, free: int, due: Sequence[int], *, overflow: bool = False) -> Plan:
+        """Order the due work of one pass into ``free`` slots (and beyond, with overflow)."""
+        caps = [max(0, min(count, free)) for count in due]
+        wanted = sum(caps)
+        length = wanted if overflow else min(free, wanted)
+        if free <= 0 or length == 0:
+            return Plan((), (0,) * len(due), max(free, 0))
+        policy = self._policy
+        order: list[int]
+        match policy:
+            case Weighted():
+                order = self._weighted(caps, length)
+            case Strict():
+                order = _in_order(range(len(caps)), caps, length)
+            case Priority():
+                order = _in_order(self._rank_order, caps, length)
+            case RoundRobin():
+                order = self._round_robin(caps, length)
+            case MaxLen() | MinLen():
+                order = _by_length(due, caps, length, longest=isinstance(policy, MaxLen))
+            case _:
+                assert_never(policy)
+        allocation = [0] * len(caps)
+        for index in order[:free]:
+            allocation[index] += 1
+        return Plan(tuple(order), tuple(allocation), free)
+
+    def charge(self, issued: Sequence[int], demand: Sequence[int]) -> None:
+        """Account for the claims actually issued, in order, by the queues that served them.
+
+        ``demand[q]`` is how many claims queue q could have taken in the pass: its due count
+        (capped at the free slots), or fewer when the gate refused it (0 when paused, the slots
+        it got when at its limit). A queue is charged only for what it served; a queue that had
+        work but was not reached keeps its credit, so a cut-short pass never skews the shares.
+        """
+        if not issued:
+            return
+        if isinstance(self._policy, RoundRobin):
+            self._cursor = (issued[-1] + 1) % len(self._credits)
+            return
+        if not isinstance(self._policy, Weighted):
+            return
+        served = [0] * len(self._credits)
+        limits = list(demand)
+        for index in issued:
+            limits[index] = max(limits[index], served[index] + 1)
+        for index in issued:
+            eligible = [served[q] < limits[q] for q in range(len(limits))]
+            swrr_step(self._credits, self._weights, eligible, self._total, index)
+            served[index] += 1
+
+    def _weighted(self, caps: list[int], length: int) -> list[int]:
+        credits = list(self._credits)
+        eligible = [cap > 0 for cap in caps]
+        order: list[int] = []
+        while len(order) < length:
+            winner = swrr_step(credits, self._weights, eligible, self._total)
+            order.append(winner)
+            caps[winner] -= 1
+            if caps[winner] == 0:
+                eligible[winner] = False
+        return order
+
+    def _round_robin(self, caps: list[int], length: int) -> list[int]:
+        count = len(caps)
+        cursor = self._cursor
+        order: list[int] = []
+        while len(order) < length:
+            for step in range(count):
+                index = (cursor + step) % count
+                if caps[index] > 0:
+                    break
+            order.append(index)
+            caps[index] -= 1
+            cursor = (index + 1) % count
+        return order
+
+
+def _in_order(sequence: Sequence[int], caps: Sequence[int], length: int) -> list[int]:
+    order: list[int] = []
+    for index in sequence:
+        order.extend([index] * caps[index])
+    return order[:length]
+
+
+def _by_length(due: Sequence[int], caps: list[int], length: int, *, longest: bool) -> list[int]:
+    # varmq reads the backlog lengths again for every job, so each step sees the counts left
+    # after the previous steps of the same pass.
+    left = list(due)
+    order: list[int] = []
+    while len(order) < length:
+        best = -1
+        for index, cap in enumerate(caps):
+            if cap <= 0:
+                continue
+            if best < 0 or (left[index] > left[best] if longest else left[index] < left[best]):
+                best = index
+        order.append(best)
+        caps[best] -= 1
+        left[best] -= 1
+    return order

@@ -1,0 +1,259 @@
+"""Cluster-wide pause state and concurrency limits, kept by PostgreSQL.
+
+One long-lived *dispatcher* connection per process and store holds a session advisory lock
+``(queue key, n)`` for every running job of a limited queue, with ``n`` in ``0 .. limit-1``.
+PostgreSQL never grants one of those locks twice, so at most ``limit`` jobs of the queue run
+across the cluster at any moment; a lock disappears when its job finishes (unlock) or when
+the holder's connection dies (process killed, host gone), with no sweep and no stale count.
+
+A pass is one statement: it reads the pause flags and limits of every queue of the pass and
+calls a PL/pgSQL function created in the connection's ``pg_temp``, which unlocks finished slots
+and walks the planner's order taking slots until the budget is spent. Queues without a limit
+take no lock. Every lock the function takes comes back as a row, so none is taken and then lost; if a call
+fails half-way, the connection's own locks are compared with the ones it should hold and any
+stray lock is released (or the connection is closed, which releases everything).
+
+A limit applies to claims made while it is set: lowering it never stops running jobs, and
+jobs of a queue claimed while it had no limit hold no slot and are not counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+
+from relayer.connection import connect
+from relayer.dispatch.cluster import (
+    ClaimRequest,
+    ClaimResult,
+    GateState,
+    Grant,
+    QueueGate,
+    Slot,
+)
+from relayer.dispatch.statements import queue_lock_key, require_dispatch_schema
+from relayer.errors import DispatchError, RelayerError
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+
+logger = logging.getLogger(__name__)
+
+Connector = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
+
+
+class PostgresClusterState:
+    """The cluster gate of one store's queues, through one dispatcher connection.
+
+    Use ``async with PostgresClusterState(store) as state`` (or ``open``/``close``). Several
+    worker groups of a process may share one. If the connection is lost, the slots it held are
+    gone (other processes may take them); ``acquire`` raises DispatchError and reconnects on the
+    next call.
+    """
+
+    def __init__(self, store: StoreSettings, *, connector: Connector | None = None) -> None:
+        self.store = store
+        self._names = store.names
+        self._queries = queries_for(store.names)
+        self._connector: Connector = connector or (
+            lambda: connect(store, purpose=f"dispatcher:{store.name}")
+        )
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+        self._epoch = 0
+        self._keys: dict[str, int] = {}
+        self._held: set[tuple[int, int]] = set()
+        self._pending: list[tuple[int, int]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"PostgresClusterState(store={self.store.name!r}, held={len(self._held)})"
+
+    async def __aenter__(self) -> PostgresClusterState:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def held(self) -> int:
+        """Slots this process holds for running jobs."""
+        return len(self._held)
+
+    async def open(self) -> None:
+        """Connect, check the schema and create the claim function (errors propagate)."""
+        async with self._lock:
+            await self._connection()
+
+    async def close(self) -> None:
+        """Close the connection: every slot it held is free at once."""
+        async with self._lock:
+            if self._conn is not None:
+                await self._conn.close()
+            self._held.clear()
+            self._forget_connection()
+
+    def lock_key(self, queue: str) -> int:
+        key = self._keys.get(queue)
+        if key is None:
+            key = self._keys[queue] = queue_lock_key(self._names, queue)
+        return key
+
+    async def acquire(self, request: ClaimRequest) -> ClaimResult:
+        task = asyncio.ensure_future(self._acquire(request))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # The call goes on without us; whatever it grants must not stay held.
+            self._keep(task).add_done_callback(self._give_back)
+            raise
+
+    def release(self, slot: Slot) -> None:
+        if slot.number is None or slot.epoch != self._epoch:
+            return  # no lock, or one that died with an earlier connection
+        pair = (self.lock_key(slot.queue), slot.number)
+        if pair not in self._held:
+            return
+        self._held.discard(pair)
+        self._pending.append(pair)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # released by the next acquire, or by closing the connection
+        self._keep(loop.create_task(self.flush()))
+
+    async def flush(self) -> None:
+        """Unlock the released slots now (``release`` schedules this by itself)."""
+        async with self._lock:
+            if not self._pending:
+                return
+            pairs, self._pending = self._pending, []
+            conn = self._conn
+            if conn is None or conn.closed:
+                return  # the locks died with the connection
+            try:
+                await self._unlock(conn, pairs)
+            except psycopg.Error as exc:
+                await self._recover(conn, exc)
+
+    # -- internals -------------------------------------------------------------------------
+
+    async def _acquire(self, request: ClaimRequest) -> ClaimResult:
+        keys = [self.lock_key(queue) for queue in request.queues]
+        async with self._lock:
+            try:
+                conn = await self._connection()
+            except RelayerError as exc:
+                raise DispatchError(f"store {self.store.name!r}: {exc}") from exc
+            releases, self._pending = self._pending, []
+            held = sorted(self._held)
+            params = {
+                "queues": list(request.queues),
+                "keys": keys,
+                "wanted": [index + 1 for index in request.order],
+                "budget": request.budget,
+                "held_keys": [pair[0] for pair in held],
+                "held_slots": [pair[1] for pair in held],
+                "release_keys": [pair[0] for pair in releases],
+                "release_slots": [pair[1] for pair in releases],
+            }
+            try:
+                cursor = await conn.execute(self._queries["queue_claim"], params)
+                rows = await cursor.fetchall()
+            except psycopg.Error as exc:
+                await self._recover(conn, exc)
+                raise DispatchError(
+                    f"store {self.store.name!r}: claiming queue slots failed: {exc}"
+                ) from exc
+            return self._result(request, keys, rows)
+
+    def _result(self, request: ClaimRequest, keys: list[int], rows: list[Any]) -> ClaimResult:
+        grants: list[Grant] = []
+        gates = [QueueGate(GateState.OPEN)] * len(request.queues)
+        for position, index, slot_number, state, limit in rows:
+            if state == "granted":
+                if slot_number is not None:
+                    self._held.add((keys[index], slot_number))
+                slot = Slot(request.queues[index], slot_number, self._epoch)
+                grants.append(Grant(position, index, slot))
+            else:
+                gates[index] = QueueGate(GateState(state), limit)
+        return ClaimResult(tuple(grants), tuple(gates))
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        self._forget_connection()
+        conn = await self._connector()
+        try:
+            await require_dispatch_schema(conn, self.store)
+            await conn.execute(self._queries["queue_claim_function"])
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        return conn
+
+    def _forget_connection(self) -> None:
+        if self._held:
+            logger.warning(
+                "dispatch: store %r lost its dispatcher connection while holding %d slot(s); "
+                "their jobs keep running but other processes may take the slots",
+                self.store.name,
+                len(self._held),
+                extra={"action": "slots_lost", "store": self.store.name},
+            )
+        self._conn = None
+        self._epoch += 1
+        self._held.clear()
+        self._pending.clear()
+
+    async def _recover(self, conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> None:
+        """After a failed call: release stray locks, or drop the connection (which does)."""
+        if not conn.closed and not conn.broken:
+            try:
+                cursor = await conn.execute(
+                    self._queries["queue_own_slot_locks"], (list(self._keys.values()),)
+                )
+                stray = [
+                    (int(key), int(slot))
+                    for key, slot in await cursor.fetchall()
+                    if (int(key), int(slot)) not in self._held
+                ]
+                if stray:
+                    await self._unlock(conn, stray)
+                return
+            except psycopg.Error:
+                pass
+        logger.warning(
+            "dispatch: store %r: dispatcher connection failed (%s); reconnecting",
+            self.store.name,
+            exc,
+            extra={"action": "dispatcher_reconnect", "store": self.store.name},
+        )
+        await conn.close()
+        self._forget_connection()
+
+    async def _unlock(
+        self, conn: psycopg.AsyncConnection[Any], pairs: list[tuple[int, int]]
+    ) -> None:
+        await conn.execute(
+            self._queries["queue_unlock_slots"],
+            ([pair[0] for pair in pairs], [pair[1] for pair in pairs]),
+        )
+
+    def _keep(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _give_back(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        result: ClaimResult = task.result()
+        for grant in result.grants:
+            self.release(grant.slot)
