@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import psycopg
 
@@ -127,8 +127,12 @@ class LaneRelay:
         *,
         destinations: DestinationCache | None = None,
         clock: Callable[[], float] = time.monotonic,
+        observer: Callable[[int, bool], None] | None = None,
     ) -> None:
         self.store = store
+        # Told (lane, True) once a lane's lock is taken and (lane, False) when its transaction
+        # ended: the window in which this member may send the lane (tests and metrics use it).
+        self.observer = observer
         self.db = RelayStore(store)
         self.transports = dict(transports)
         self.member = member
@@ -202,6 +206,22 @@ class LaneRelay:
         if token is None:
             await conn.rollback()
             return ScanResult(lane, Scan.BUSY, self.poll)
+        if self.observer is not None:
+            self.observer(lane, True)
+        try:
+            return await self._send_locked(conn, lane, started, token, rows)
+        finally:
+            if self.observer is not None:
+                self.observer(lane, False)
+
+    async def _send_locked(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        lane: int,
+        started: float,
+        token: UUID,
+        rows: list[PendingRow],
+    ) -> ScanResult:
         if not rows:
             await conn.rollback()
             return ScanResult(lane, Scan.EMPTY, self.poll)

@@ -13,13 +13,19 @@ import sys
 from collections.abc import Sequence
 
 from relayer import __version__
-from relayer.cli import demo_command, schema_command
+from relayer.cli import (
+    demo_command,
+    parked_command,
+    run_command,
+    schema_command,
+    status_command,
+)
 from relayer.cli.common import EXIT_RUNTIME, EXIT_USAGE, Context
 from relayer.errors import ConfigurationError, RelayerError, UsageError
 from relayer.logs import configure
 from relayer.redact import redact
 
-COMMANDS = (schema_command, demo_command)
+COMMANDS = (schema_command, run_command, status_command, parked_command, demo_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,83 @@
+"""``relayer parked list|redrive|drop STORE [--key KEY]``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from relayer import parked
+from relayer.cli.common import EXIT_OK, EXIT_USAGE, Context
+from relayer.connection import connect
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "parked", help="list, redrive or drop parked ordering keys"
+    )
+    actions = parser.add_subparsers(dest="parked_action", metavar="ACTION", required=True)
+    for name, handler, text in (
+        ("list", _list, "show parked keys with their error and pending rows"),
+        ("redrive", _redrive, "send a parked key again from its head, in order"),
+        ("drop", _drop, "delete a parked key's pending rows (cannot be undone)"),
+    ):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("store")
+        action.add_argument("--key", help="one ordering key (default: every parked key)")
+        if name == "drop":
+            action.add_argument(
+                "--yes", action="store_true", help="confirm dropping every parked key"
+            )
+        action.set_defaults(handler=handler)
+
+
+async def _list(context: Context) -> int:
+    store = context.store(context.arguments.store)
+    async with await connect(store, purpose="parked") as conn:
+        keys = await parked.list_parked(conn, store, context.arguments.key)
+    if not keys:
+        print(f"store {store.name!r}: no parked keys")
+        return EXIT_OK
+    for key in keys:
+        state = (
+            "waiting for an operator"
+            if key.waiting_for_operator
+            else f"retry at {key.retry_at:%Y-%m-%d %H:%M:%S%z}"
+        )
+        print(
+            f"{key.key!r}: lane {key.lane}, {key.pending} pending row(s), attempts "
+            f"{key.attempts}, parked {key.parked_at:%Y-%m-%d %H:%M:%S%z}, {state}\n"
+            f"    head {key.head_id}: {key.last_error}"
+        )
+    return EXIT_OK
+
+
+async def _redrive(context: Context) -> int:
+    store = context.store(context.arguments.store)
+    async with await connect(store, purpose="parked") as conn:
+        changes = await parked.redrive(conn, store, context.arguments.key)
+    if not changes:
+        print(f"store {store.name!r}: no parked key{_which(context)} to redrive")
+    for change in changes:
+        print(f"redriven {change.key!r}: {change.rows} row(s) will be sent again, in order")
+    return EXIT_OK
+
+
+async def _drop(context: Context) -> int:
+    store = context.store(context.arguments.store)
+    if context.arguments.key is None and not context.arguments.yes:
+        print(
+            "relayer: error: --key: None is invalid: dropping every parked key deletes their "
+            "rows for good; pass --key KEY, or --yes to drop them all"
+        )
+        return EXIT_USAGE
+    async with await connect(store, purpose="parked") as conn:
+        changes = await parked.drop(conn, store, context.arguments.key)
+    if not changes:
+        print(f"store {store.name!r}: no parked key{_which(context)} to drop")
+    for change in changes:
+        print(f"dropped {change.key!r}: {change.rows} row(s) deleted")
+    return EXIT_OK
+
+
+def _which(context: Context) -> str:
+    return f" {context.arguments.key!r}" if context.arguments.key else ""

@@ -1,0 +1,49 @@
+-- Operator statements: status and parked-key control. Parked-key changes lock the lane's lease
+-- row first, so they wait for a batch in flight on that lane instead of racing it.
+
+-- name: status_members
+SELECT owner, expires_at, greatest(extract(epoch FROM now() - acquired_at), 0)::float8
+FROM {leases}
+WHERE lane IS NULL AND expires_at >= now()
+ORDER BY owner
+
+-- name: status_lane_owners
+SELECT lane, owner, expires_at
+FROM {leases}
+WHERE lane IS NOT NULL AND owner <> '' AND expires_at > now()
+ORDER BY lane
+
+-- name: status_pending
+SELECT lane, count(*), greatest(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM {outbox}
+GROUP BY lane
+ORDER BY lane NULLS LAST
+
+-- name: parked_list
+SELECT p.ordering_key, p.lane, p.attempts, p.last_error, p.retry_at, p.parked_at, p.head_id,
+       (SELECT count(*) FROM {outbox} o WHERE o.lane = p.lane AND o.ordering_key = p.ordering_key)
+FROM {parked} AS p
+WHERE %(key)s::text IS NULL OR p.ordering_key = %(key)s
+ORDER BY p.parked_at, p.ordering_key
+
+-- name: lock_lane_for_operator
+SELECT 1 FROM {leases} WHERE lane = %(lane)s FOR UPDATE
+
+-- name: redrive_key
+-- The key flows again from its head, in id order, with a fresh attempt count.
+WITH unparked AS (
+    DELETE FROM {parked} WHERE ordering_key = %(key)s RETURNING lane, head_id
+)
+UPDATE {outbox} AS o SET attempts = 0
+FROM unparked
+WHERE o.lane = unparked.lane AND o.ordering_key = %(key)s
+RETURNING o.id
+
+-- name: drop_key
+WITH unparked AS (
+    DELETE FROM {parked} WHERE ordering_key = %(key)s RETURNING lane
+)
+DELETE FROM {outbox} AS o
+USING unparked
+WHERE o.lane = unparked.lane AND o.ordering_key = %(key)s
+RETURNING o.id

@@ -1,0 +1,60 @@
+"""``relayer status``: what a store's cluster is doing, read in one go."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from relayer.parked import ParkedKey, list_parked
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    instance: str
+    expires_at: datetime
+    age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class LanePending:
+    lane: int | None  # None: unordered rows
+    rows: int
+    oldest_age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatus:
+    store: str
+    lanes: int
+    members: tuple[Member, ...]
+    owners: dict[int, str]
+    pending: tuple[LanePending, ...]
+    parked: tuple[ParkedKey, ...]
+
+    @property
+    def total_pending(self) -> int:
+        return sum(lane.rows for lane in self.pending)
+
+    @property
+    def oldest_age_seconds(self) -> float:
+        return max((lane.oldest_age_seconds for lane in self.pending), default=0.0)
+
+
+async def read_status(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreStatus:
+    queries = queries_for(store.names)
+    cursor = await conn.execute(queries["status_members"])
+    members = tuple(Member(row[0], row[1], float(row[2])) for row in await cursor.fetchall())
+    cursor = await conn.execute(queries["status_lane_owners"])
+    owners = {int(row[0]): str(row[1]) for row in await cursor.fetchall()}
+    cursor = await conn.execute(queries["status_pending"])
+    pending = tuple(
+        LanePending(None if row[0] is None else int(row[0]), int(row[1]), float(row[2]))
+        for row in await cursor.fetchall()
+    )
+    parked = tuple(await list_parked(conn, store))
+    return StoreStatus(store.name, store.lanes, members, owners, pending, parked)

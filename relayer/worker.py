@@ -1,0 +1,293 @@
+"""The programmatic worker: everything ``relayer run`` does, usable inside an asyncio app.
+
+One Worker serves one or more stores. Each store is a dispatch queue whose jobs are lane scans
+keyed by lane number; one worker group (Weighted or Strict over the stores) runs the scans in a
+pool of slots, each slot one lane batch on its own database connection. Per store the worker
+keeps a heartbeat connection (membership), a probe connection and a LISTEN connection that
+turns writers' notifications into immediate scans; the poll interval is the fallback.
+
+    worker = Worker([store_settings], transports={"orders": {"kafka": transport}})
+    await worker.run(stop_event)   # until stop_event is set; then finishes batches and leaves
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from relayer import schema
+from relayer.connection import connect
+from relayer.destinations import DestinationCache
+from relayer.dispatch import Job, MemoryQueue, Strict, Weighted, WorkerGroup
+from relayer.dispatch.clock import MonotonicClock
+from relayer.dispatch.cluster import ClusterState
+from relayer.errors import ConfigurationError
+from relayer.membership import Membership, new_instance_id
+from relayer.redact import redact
+from relayer.relay import LaneRelay, Prober, Scan, ScanResult
+from relayer.settings import StoreSettings, WorkerSettings
+from relayer.store import RelayStore
+from relayer.transports.base import Transport
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StoreStats:
+    """Counters of one store in this worker (read by status displays and metrics)."""
+
+    sent: int = 0
+    failed: int = 0
+    gave_up: int = 0
+    batches: int = 0
+    rollbacks: int = 0
+    scans: int = 0
+    by_scan: dict[str, int] = field(default_factory=dict)
+    last_error: str = ""
+
+    def record(self, result: ScanResult) -> None:
+        self.scans += 1
+        self.by_scan[result.scan.value] = self.by_scan.get(result.scan.value, 0) + 1
+        if result.scan is Scan.SENT:
+            self.batches += 1
+            self.sent += result.sent
+            self.failed += result.failed
+            self.gave_up += result.gave_up
+        elif result.scan in (Scan.FAILED, Scan.UNAVAILABLE):
+            self.rollbacks += 1
+            self.last_error = result.detail
+
+
+class StoreRuntime:
+    """One store served by this worker: its membership, lanes queue, connections and relay."""
+
+    def __init__(
+        self,
+        store: StoreSettings,
+        transports: Mapping[str, Transport],
+        member: str,
+        pool_size: int,
+        now: Callable[[], float],
+    ) -> None:
+        self.store = store
+        self.member = member
+        self.transports = dict(transports)
+        self.now = now
+        self.queue: MemoryQueue[int] = MemoryQueue(store.name)
+        self.relay = LaneRelay(store, self.transports, member, destinations=DestinationCache())
+        self.membership = Membership(
+            store, member, self._connect_autocommit, on_change=self._lanes_changed
+        )
+        self.prober = Prober(RelayStore(store), self._connect_autocommit)
+        self.pool = AsyncConnectionPool(
+            store.require_dsn(),
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            kwargs={"autocommit": False, "application_name": f"relayer:{store.name}:batch"},
+            name=f"relayer-{store.name}",
+        )
+        self.stats = StoreStats()
+
+    async def _connect_autocommit(self) -> psycopg.AsyncConnection[Any]:
+        return await connect(self.store, purpose=f"{self.store.name}:control")
+
+    def _lanes_changed(self, lanes: frozenset[int]) -> None:
+        for lane in range(self.store.lanes):
+            if lane in lanes:
+                self.queue.schedule(lane, self.now())
+            else:
+                self.queue.discard(lane)
+
+    def wake_all(self) -> None:
+        """A writer committed rows (NOTIFY): scan every owned lane now."""
+        now = self.now()
+        for lane in self.membership.lanes:
+            self.queue.schedule(lane, now)
+
+    async def scan(self, lane: int) -> None:
+        """One lane scan: probe, and send a batch if the head is due; then reschedule."""
+        if lane not in self.membership.lanes or self.membership.expired():
+            return  # not ours (any more): membership reschedules it if it comes back
+        try:
+            head = await self.prober.head(lane)
+        except (psycopg.Error, OSError) as exc:
+            self.stats.last_error = redact(str(exc))
+            self.queue.schedule(lane, self.now() + self.relay.backoff)
+            return
+        result = self.relay.after_probe(head)
+        if result is None:
+            async with self.pool.connection() as conn:
+                result = await self.relay.send_lane(conn, lane)
+        self.stats.record(result)
+        if result.scan is Scan.SENT and result.sent:
+            logger.debug(
+                "lane %s: sent %s",
+                lane,
+                result.sent,
+                extra={"action": "batch", "store": self.store.name, "lane": lane},
+            )
+        if lane in self.membership.lanes:
+            self.queue.schedule(lane, self.now() + result.next_in)
+
+    async def listen(self, stop: asyncio.Event) -> None:
+        """Wake lanes on writers' notifications; reconnect after failures (polls cover gaps)."""
+        channel = self.store.names.notify_channel
+        while not stop.is_set():
+            try:
+                async with await self._connect_autocommit() as conn:
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self.wake_all()  # anything written while we were not listening
+                    notifies = conn.notifies()
+                    stopping = asyncio.ensure_future(stop.wait())
+                    try:
+                        while not stop.is_set():
+                            received = asyncio.ensure_future(anext(notifies))
+                            done, _ = await asyncio.wait(
+                                {received, stopping}, return_when=asyncio.FIRST_COMPLETED
+                            )
+                            if received not in done:
+                                received.cancel()
+                                break
+                            received.result()
+                            self.wake_all()
+                    finally:
+                        stopping.cancel()
+            except (psycopg.Error, OSError, StopAsyncIteration) as exc:
+                logger.warning(
+                    "LISTEN on store %s lost: %s; polling until it is back",
+                    self.store.name,
+                    redact(str(exc)),
+                    extra={"action": "listen_lost", "store": self.store.name},
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.relay.backoff)
+
+    async def open(self) -> None:
+        async with await self._connect_autocommit() as conn:
+            await schema.require_meta(conn, self.store)
+            await RelayStore(self.store).ensure_lane_rows(conn)
+        await self.pool.open(wait=True, timeout=30)
+        await self.membership.beat()
+
+    async def close(self) -> None:
+        await self.membership.leave()
+        await self.prober.close()
+        await self.pool.close()
+
+
+class Worker:
+    """Relays the ordered rows of ``stores`` until stopped. See the module docstring."""
+
+    def __init__(
+        self,
+        stores: Sequence[StoreSettings],
+        *,
+        transports: Mapping[str, Mapping[str, Transport]] | None = None,
+        settings: WorkerSettings | None = None,
+        instance_id: str | None = None,
+        cluster_state: ClusterState | None = None,
+    ) -> None:
+        names = [store.name for store in stores]
+        if not names:
+            raise ConfigurationError("stores", names, "a worker needs at least one store")
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ConfigurationError(
+                "stores",
+                duplicates[0],
+                "is named twice; store names are case-sensitive and unique in a process",
+            )
+        self.settings = settings or WorkerSettings()
+        self.member = instance_id or new_instance_id()
+        self.clock = MonotonicClock()
+        built = transports if transports is not None else _build_transports(stores)
+        self.runtimes: dict[str, StoreRuntime] = {
+            store.name: StoreRuntime(
+                store,
+                built.get(store.name, {}),
+                self.member,
+                self.settings.pool_size,
+                self.clock.now,
+            )
+            for store in stores
+        }
+        self.group: WorkerGroup[int] = WorkerGroup(
+            self._policy(names),
+            [runtime.queue for runtime in self.runtimes.values()],
+            self._handle,
+            pool_size=self.settings.pool_size,
+            cluster_state=cluster_state,
+            clock=self.clock,
+            name=f"relayer:{self.member}",
+        )
+        self.started = asyncio.Event()
+
+    def _policy(self, names: Sequence[str]) -> Strict | Weighted:
+        if self.settings.policy == "strict":
+            order = [name for name in self.settings.weights if name in names]
+            return Strict(*order, *[name for name in names if name not in order])
+        return Weighted([(name, self.settings.weights.get(name, 1)) for name in names])
+
+    async def _handle(self, job: Job[int]) -> None:
+        await self.runtimes[job.queue].scan(job.key)
+
+    @property
+    def lanes(self) -> dict[str, frozenset[int]]:
+        """The lanes each store's membership currently gives this worker."""
+        return {name: runtime.membership.lanes for name, runtime in self.runtimes.items()}
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Serve until ``stop`` is set (or the task is cancelled), then shut down gracefully:
+        finish the batches in flight, release every lane and leave the membership."""
+        stop = stop or asyncio.Event()
+        self.group.validate()
+        transports = {id(t): t for r in self.runtimes.values() for t in r.transports.values()}
+        started_transports: list[Transport] = []
+        opened: list[StoreRuntime] = []
+        try:
+            for transport in transports.values():
+                await transport.start()
+                started_transports.append(transport)
+            for runtime in self.runtimes.values():
+                await runtime.open()
+                opened.append(runtime)
+            logger.info(
+                "worker %s serving %s",
+                self.member,
+                ", ".join(self.runtimes),
+                extra={"action": "start", "member": self.member},
+            )
+            async with asyncio.TaskGroup() as tasks:
+                for runtime in opened:
+                    tasks.create_task(runtime.membership.run(stop))
+                    tasks.create_task(runtime.listen(stop))
+                group = tasks.create_task(self.group.run())
+                self.started.set()
+                await stop.wait()
+                self.group.stop()
+                await group
+        finally:
+            stop.set()
+            for runtime in opened:
+                await runtime.close()
+            for transport in started_transports:
+                try:
+                    await transport.close()
+                except Exception as exc:
+                    logger.warning("closing transport %s failed: %s", transport.name, exc)
+            logger.info("worker %s stopped", self.member, extra={"action": "stop"})
+
+
+def _build_transports(stores: Sequence[StoreSettings]) -> dict[str, dict[str, Transport]]:
+    from relayer.transports.registry import create_transports
+
+    return {store.name: create_transports(store) for store in stores}
