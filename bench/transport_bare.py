@@ -16,13 +16,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from relayer.transports.base import OutgoingMessage, Transport
-from relayer.transports.pacing import publish_in_order
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.contract.pacing import publish_in_order
 
 BODY = b"x" * 200
 

@@ -37,6 +37,7 @@ from relayer.transports.base import (
     DestinationError,
     OutgoingMessage,
     SendError,
+    TransportUnavailableError,
 )
 from relayer.transports.kafka_rules import (
     check_config,
@@ -160,7 +161,10 @@ class KafkaTransport:
 
     async def ordered_by_key(self, destination: str) -> bool:
         """True once metadata shows the topic exists: Kafka keeps order per key natively."""
-        problem = await self._lookup_topic(destination)
+        try:
+            problem = await self._lookup_topic(destination)
+        except TransportUnavailableError as exc:
+            raise DestinationError(str(exc)) from exc
         if problem is not None:
             raise DestinationError(problem)
         return True
@@ -189,8 +193,7 @@ class KafkaTransport:
         callback = functools.partial(_record_delivery, self._delivered, future)
         while True:
             if generation.fatal is not None:
-                future.set_exception(_fatal_send_error(generation.fatal))
-                return future
+                raise _rebuilding(generation.fatal)
             try:
                 generation.producer.produce(
                     topic,
@@ -223,9 +226,9 @@ class KafkaTransport:
             self._replaced.set()
             await self._stopped
             await asyncio.to_thread(self._thread.join)
-        leftover = SendError(
+        leftover = TransportUnavailableError(
             f"Kafka transport {self._name!r} closed before the broker acknowledged the "
-            "message; it will be retried"
+            "message; it will be sent again"
         )
         for future in self._outstanding:
             if not future.done():
@@ -270,7 +273,7 @@ class KafkaTransport:
 
     def _replace(self, generation: _Generation) -> None:
         """After a fatal error: fail what the dead producer held, then start a new one."""
-        failure = _fatal_send_error(generation.fatal or "unknown fatal error")
+        failure = _rebuilding(generation.fatal or "unknown fatal error")
         for future in self._outstanding:
             if not future.done():
                 future.set_exception(failure)
@@ -291,7 +294,10 @@ class KafkaTransport:
             generation.fatal = redact(_text(error))
 
     async def _lookup_topic(self, topic: str, *, use_cache: bool = False) -> str | None:
-        """None if ``topic`` exists, else what is wrong and how to fix it."""
+        """None if ``topic`` exists, else what is wrong and how to fix it.
+
+        Raises TransportUnavailableError when the cluster does not answer in time.
+        """
         if use_cache and topic in self._missing_topics:
             since, remembered = self._missing_topics[topic]
             if time.monotonic() - since < _MISSING_TOPIC_SECONDS:
@@ -302,10 +308,10 @@ class KafkaTransport:
                 generation.producer.list_topics, topic, self._metadata_timeout
             )
         except KafkaException as exc:
-            return (
+            raise TransportUnavailableError(
                 f"could not look up Kafka topic {topic!r} within {self._metadata_timeout:g} s: "
                 f"{_text(exc)}; check that the cluster is reachable"
-            )
+            ) from exc
         problem = topic_error(topic, metadata)
         if problem is None:
             self._known_topics.add(topic)
@@ -395,10 +401,10 @@ def _finish(stopped: asyncio.Future[None] | None) -> None:
         stopped.set_result(None)
 
 
-def _fatal_send_error(reason: str) -> SendError:
-    return SendError(
-        f"the Kafka producer stopped after a fatal error ({reason}); it was rebuilt and the "
-        "message will be retried"
+def _rebuilding(reason: str) -> TransportUnavailableError:
+    return TransportUnavailableError(
+        f"the Kafka producer stopped after a fatal error ({reason}); it is rebuilt and the "
+        "message will be sent again"
     )
 
 

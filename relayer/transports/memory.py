@@ -3,9 +3,10 @@
 ``MemoryTransport`` records what each destination received and in which order publishes were
 initiated and acknowledged. Faults are injected with methods: fail the next N publishes, fail
 every message of a key, stall acknowledgements (until released or for a delay), declare a
-destination unordered or unknown, fail ``start()``. Everything is deterministic: without a stall
-a publish is acknowledged (or failed) before ``publish`` returns; the only timers are the
-explicit stall delays.
+destination unordered or unknown, fail ``start()``, lose the connection (``disconnect``:
+held outcomes fail and publishes raise TransportUnavailableError until ``reconnect``).
+Everything is deterministic: without a stall a publish is acknowledged (or failed) before
+``publish`` returns; the only timers are the explicit stall delays.
 
 With ``pipelines_within_key`` (the default) it behaves like Kafka's gapless producer: once a
 message of key K to destination D fails, every later message of K to D that was published
@@ -20,9 +21,15 @@ from collections import deque
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from relayer.errors import TransportError
-from relayer.transports.base import DestinationError, OutgoingMessage, SendError
+from relayer.transports.base import (
+    DestinationError,
+    OutgoingMessage,
+    SendError,
+    TransportUnavailableError,
+)
 from relayer.transports.options import Options
 
 _KNOWN_OPTIONS = "pipelines_within_key, unordered_destinations, unknown_destinations"
@@ -33,7 +40,7 @@ class Acknowledgement:
     """The outcome of one publish, in the order outcomes were reported."""
 
     message: OutgoingMessage
-    error: SendError | None
+    error: SendError | TransportUnavailableError | None
 
     @property
     def ok(self) -> bool:
@@ -50,7 +57,9 @@ class _Fault:
 class _Pending:
     message: OutgoingMessage
     future: asyncio.Future[None]
-    error: SendError | None
+    error: SendError | TransportUnavailableError | None
+    # True while this failure stops later in-flight messages of its key (gapless mode).
+    blocks_key: bool = False
 
 
 class MemoryTransport:
@@ -80,9 +89,11 @@ class MemoryTransport:
         self._unreported: dict[tuple[str, str], int] = {}
         self._fail_next: deque[_Fault] = deque()
         self._failing_keys: dict[str, _Fault] = {}
+        self._failing_ids: dict[UUID, _Fault] = {}
         self._start_error: BaseException | None = None
         self._stalled = False
         self._stall_delay: float | None = None
+        self._offline: str | None = None
         self.started = False
         self.closed = False
 
@@ -127,15 +138,18 @@ class MemoryTransport:
             raise TransportError(
                 f"memory transport {self._name!r} is {state}; call start() before publish()"
             )
+        if self._offline is not None:
+            raise TransportUnavailableError(self._offline)
         self._published.append(message)
         error = self._outcome(message)
         if error is None:
             self._received.setdefault(message.destination, []).append(message)
             self._all.append(message)
-        elif self._pipelines_within_key and message.key is not None:
-            lane = (message.destination, message.key)
+        blocks_key = error is not None and self._pipelines_within_key and message.key is not None
+        if blocks_key:
+            lane = (message.destination, message.key or "")
             self._unreported[lane] = self._unreported.get(lane, 0) + 1
-        pending = _Pending(message, asyncio.get_running_loop().create_future(), error)
+        pending = _Pending(message, asyncio.get_running_loop().create_future(), error, blocks_key)
         if not self._stalled:
             self._resolve(pending)
         else:
@@ -204,13 +218,20 @@ class MemoryTransport:
         """Fail every message of ``key`` (any destination) until ``clear_key``."""
         self._failing_keys[key] = _Fault(retryable, message)
 
+    def fail_message(
+        self, message_id: UUID, *, retryable: bool = True, message: str = "injected failure"
+    ) -> None:
+        """Fail the publish of the message with this outbox id (every time, until cleared)."""
+        self._failing_ids[message_id] = _Fault(retryable, message)
+
     def clear_key(self, key: str) -> None:
         self._failing_keys.pop(key, None)
 
     def clear_faults(self) -> None:
-        """Forget pending ``fail_next`` counts and failing keys (stalls stay)."""
+        """Forget pending ``fail_next`` counts, failing keys and ids (stalls stay)."""
         self._fail_next.clear()
         self._failing_keys.clear()
+        self._failing_ids.clear()
 
     def stall(self, delay: float | None = None) -> None:
         """Accept publishes but hold their outcomes until ``release`` (or ``delay`` seconds)."""
@@ -233,6 +254,21 @@ class MemoryTransport:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
+
+    def disconnect(self, reason: str = "injected connection loss") -> None:
+        """Lose the connection: held outcomes fail and publishes raise, until ``reconnect``.
+
+        Messages whose outcome was held stay received (the broker may have them even though
+        no acknowledgement came back), as after a real connection loss.
+        """
+        self._offline = f"memory transport {self._name!r}: {reason}"
+        while self._held:
+            pending = self._held.popleft()
+            pending.error = TransportUnavailableError(self._offline)
+            self._resolve(pending)
+
+    def reconnect(self) -> None:
+        self._offline = None
 
     def declare_unordered(self, destination: str) -> None:
         self._unordered.add(destination)
@@ -265,6 +301,9 @@ class MemoryTransport:
         if self._fail_next:
             fault = self._fail_next.popleft()
             return SendError(fault.message, retryable=fault.retryable)
+        if message.id in self._failing_ids:
+            fault = self._failing_ids[message.id]
+            return SendError(fault.message, retryable=fault.retryable)
         if message.key is not None and message.key in self._failing_keys:
             fault = self._failing_keys[message.key]
             return SendError(fault.message, retryable=fault.retryable)
@@ -280,8 +319,8 @@ class MemoryTransport:
             pending.future.set_result(None)
         else:
             pending.future.set_exception(error)
-            lane = (message.destination, message.key or "")
-            if self._pipelines_within_key and message.key is not None:
+            if pending.blocks_key:
+                lane = (message.destination, message.key or "")
                 remaining = self._unreported.get(lane, 0) - 1
                 if remaining > 0:
                     self._unreported[lane] = remaining

@@ -44,6 +44,7 @@ from relayer.transports.base import (
     DestinationError,
     OutgoingMessage,
     SendError,
+    TransportUnavailableError,
 )
 from relayer.transports.options import Options, TransportOptionError
 from relayer.transports.rabbitmq_routes import Route, RouteError, parse_route
@@ -124,10 +125,7 @@ class RabbitMQTransport:
     async def start(self) -> None:
         self._started = True
         self._closed = False
-        try:
-            await self._ensure_channel(force=True)
-        except _Unavailable as exc:
-            raise TransportError(str(exc)) from exc
+        await self._ensure_channel(force=True)
         logger.info(
             "RabbitMQ transport %s connected to %s",
             self._name,
@@ -143,7 +141,7 @@ class RabbitMQTransport:
         try:
             await self._ensure_channel(force=True)
             problem = await self._check_exists(route)
-        except _Unavailable as exc:
+        except TransportUnavailableError as exc:
             raise DestinationError(str(exc)) from exc
         if problem is not None:
             raise DestinationError(problem)
@@ -169,8 +167,6 @@ class RabbitMQTransport:
                     raise SendError(problem, retryable=False)
         except RouteError as exc:
             return _failed(SendError(str(exc), retryable=False))
-        except _Unavailable as exc:
-            return _failed(SendError(f"{exc}; the message will be retried"))
         except SendError as exc:
             return _failed(exc)
         headers: dict[str, Any] = dict(message.headers) if message.headers else {}
@@ -246,16 +242,18 @@ class RabbitMQTransport:
                 "be full with overflow=reject-publish; the message will be retried"
             ) from exc
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            self._exchanges.discard(route.exchange)
-            raise SendError(
-                f"RabbitMQ exchange {route.exchange!r} disappeared while publishing "
-                f"({redact(str(exc))}); the message will be retried"
+            # The broker closed the channel (an exchange was deleted): every outstanding
+            # confirm on it fails. The next publish re-checks the exchange on a new channel.
+            self._exchanges.clear()
+            raise TransportUnavailableError(
+                f"RabbitMQ closed the publishing channel ({redact(str(exc))}) before it "
+                f"confirmed a message for {route.destination!r}; it will be sent again"
             ) from exc
         except Exception as exc:  # a lost channel/connection fails every outstanding confirm
-            raise SendError(
+            raise TransportUnavailableError(
                 f"RabbitMQ connection or channel lost before the broker confirmed a message "
                 f"for {route.destination!r} ({type(exc).__name__}: {redact(str(exc))}); "
-                "the message will be retried"
+                "the message will be sent again"
             ) from exc
         finally:
             self._slots.release()
@@ -270,7 +268,7 @@ class RabbitMQTransport:
             if not force and self._last_failure is not None:
                 since, reason = self._last_failure
                 if time.monotonic() - since < self._reconnect_interval:
-                    raise _Unavailable(reason)
+                    raise TransportUnavailableError(reason)
             try:
                 if self._connection is None or self._connection.is_closed:
                     self._connection = await aio_pika.connect(
@@ -290,7 +288,7 @@ class RabbitMQTransport:
                 )
                 self._last_failure = (time.monotonic(), reason)
                 await self._disconnect()
-                raise _Unavailable(reason) from exc
+                raise TransportUnavailableError(reason) from exc
             self._last_failure = None
             self._exchanges.clear()
             logger.debug(
@@ -328,7 +326,7 @@ class RabbitMQTransport:
                 "user configure/write permission on it"
             )
         except Exception as exc:  # a connection problem, not a property of the destination
-            raise _Unavailable(
+            raise TransportUnavailableError(
                 f"cannot look up RabbitMQ destination {route.destination!r}: "
                 f"{type(exc).__name__}: {redact(str(exc))}"
             ) from exc
@@ -344,10 +342,6 @@ class RabbitMQTransport:
                 await connection.close()
             except Exception as exc:  # closing a broken connection may fail; it is gone anyway
                 logger.debug("closing the RabbitMQ connection failed: %s", redact(str(exc)))
-
-
-class _Unavailable(Exception):
-    """The broker cannot be reached right now (the message says why)."""
 
 
 def _failed(error: SendError) -> asyncio.Future[None]:

@@ -1,4 +1,7 @@
-"""Publishing a batch the way the ordered protocol requires (rule 5, "Send, pipelined").
+"""Publishing a batch the way the relay does (protocol rule 5, "Send, pipelined"), for tests.
+
+A transport-level stand-in for the relay's ``BatchSender``, without the store: the contract
+tests and ``bench/transport_bare.py`` drive transports with it.
 
 ``publish_in_order`` hands a batch (in id order) to a transport and returns one outcome per
 message. How much it keeps in flight depends on the transport:
@@ -7,7 +10,8 @@ message. How much it keeps in flight depends on the transport:
   later message of its key that is already in flight; a key whose failure is already reported
   gets no further publishes from this batch.
 - otherwise (e.g. RabbitMQ): keys are pipelined, but a key's next message is published only
-  after its previous one was acknowledged (stop-and-wait within a key).
+  after its previous one was acknowledged (stop-and-wait within a key, whatever the
+  destinations).
 
 Either way a failure in the middle of a batch never lets a key's later message reach the broker
 ahead of an earlier one. Messages that were never handed to the transport because an earlier
@@ -20,6 +24,7 @@ import asyncio
 from collections import deque
 from collections.abc import Awaitable, Sequence
 
+from relayer.errors import TransportError
 from relayer.transports.base import OutgoingMessage, SendError, Transport
 
 
@@ -29,7 +34,7 @@ class NotSentError(SendError):
 
 async def publish_in_order(
     transport: Transport, messages: Sequence[OutgoingMessage]
-) -> list[SendError | None]:
+) -> list[TransportError | None]:
     """Publish ``messages`` (in id order); the outcome of each, None meaning acknowledged."""
     if transport.pipelines_within_key:
         return await _back_to_back(transport, messages)
@@ -38,8 +43,8 @@ async def publish_in_order(
 
 async def _back_to_back(
     transport: Transport, messages: Sequence[OutgoingMessage]
-) -> list[SendError | None]:
-    outcomes: list[SendError | None] = [None] * len(messages)
+) -> list[TransportError | None]:
+    outcomes: list[TransportError | None] = [None] * len(messages)
     awaitables: list[tuple[int, asyncio.Future[None]]] = []
     last: dict[tuple[str, str], asyncio.Future[None]] = {}
     for index, message in enumerate(messages):
@@ -50,7 +55,15 @@ async def _back_to_back(
             if previous is not None and previous.done() and previous.exception() is not None:
                 outcomes[index] = _not_sent(message)
                 continue
-        future = _as_future(await transport.publish(message))
+        try:
+            future = _as_future(await transport.publish(message))
+        except SendError as error:
+            outcomes[index] = error
+            continue
+        except TransportError as error:  # unreachable: stop the batch, keep the rest unsent
+            for rest in range(index, len(messages)):
+                outcomes[rest] = error
+            break
         if key is not None:
             last[(message.destination, key)] = future
         awaitables.append((index, future))
@@ -61,9 +74,9 @@ async def _back_to_back(
 
 async def _stop_and_wait(
     transport: Transport, messages: Sequence[OutgoingMessage]
-) -> list[SendError | None]:
-    outcomes: list[SendError | None] = [None] * len(messages)
-    waiting: dict[tuple[str, str], deque[int]] = {}
+) -> list[TransportError | None]:
+    outcomes: list[TransportError | None] = [None] * len(messages)
+    waiting: dict[str, deque[int]] = {}  # key -> its rows waiting for an acknowledgement
     acknowledged: deque[tuple[int, asyncio.Future[None]]] = deque()
     wake = asyncio.Event()
     outstanding = 0
@@ -74,7 +87,11 @@ async def _stop_and_wait(
 
     async def send(index: int) -> None:
         nonlocal outstanding
-        future = _as_future(await transport.publish(messages[index]))
+        try:
+            future = _as_future(await transport.publish(messages[index]))
+        except TransportError as error:
+            future = asyncio.get_running_loop().create_future()
+            future.set_exception(error)
         outstanding += 1
         future.add_done_callback(lambda settled: done(index, settled))
 
@@ -82,12 +99,11 @@ async def _stop_and_wait(
         if message.key is None:
             await send(index)
             continue
-        lane = (message.destination, message.key)
-        queue = waiting.get(lane)
+        queue = waiting.get(message.key)
         if queue is not None:
             queue.append(index)
         else:
-            waiting[lane] = deque()
+            waiting[message.key] = deque()
             await send(index)
     while outstanding:
         await wake.wait()
@@ -100,8 +116,7 @@ async def _stop_and_wait(
             message = messages[index]
             if message.key is None:
                 continue
-            lane = (message.destination, message.key)
-            queue = waiting[lane]
+            queue = waiting[message.key]
             if outcome is not None:
                 for skipped in queue:
                     outcomes[skipped] = _not_sent(messages[skipped])
@@ -109,14 +124,15 @@ async def _stop_and_wait(
             if queue:
                 await send(queue.popleft())
             else:
-                del waiting[lane]
+                del waiting[message.key]
     return outcomes
 
 
-async def _outcome(awaitable: Awaitable[None]) -> SendError | None:
+async def _outcome(awaitable: Awaitable[None]) -> TransportError | None:
+    # SendError: this message failed; another TransportError: the broker is unreachable.
     try:
         await awaitable
-    except SendError as error:
+    except TransportError as error:
         return error
     return None
 

@@ -1,0 +1,276 @@
+"""One adapter per transport for the contract suite: fresh destinations, a real consumer, and
+the transport's own way to make one message of a batch fail."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from relayer.transports.base import (
+    MESSAGE_ID_HEADER,
+    ORDERING_KEY_HEADER,
+    OutgoingMessage,
+    Transport,
+)
+from relayer.transports.memory import MemoryTransport
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A message as a consumer saw it."""
+
+    body: bytes
+    headers: Mapping[str, str]
+    key: str | None
+
+    @property
+    def message_id(self) -> str:
+        return self.headers[MESSAGE_ID_HEADER]
+
+
+def unique(prefix: str) -> str:
+    return f"relayer-test-{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+class Broker:
+    """What the contract tests need from each broker."""
+
+    name = "?"
+    # Whether a destination that does not exist is refused by ordered_by_key.
+    transport: Transport
+
+    async def open(self) -> Transport:
+        raise NotImplementedError
+
+    async def destination(self) -> str:
+        raise NotImplementedError
+
+    def bad_destination(self) -> str:
+        raise NotImplementedError
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        """``message`` changed so that this broker refuses it, same key and order position."""
+        raise NotImplementedError
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        raise NotImplementedError
+
+    async def cleanup(self) -> None:
+        """Remove what the test created."""
+
+
+class MemoryBroker(Broker):
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.memory = MemoryTransport("memory")
+
+    async def open(self) -> Transport:
+        await self.memory.start()
+        self.memory.declare_unknown("missing")
+        return self.memory
+
+    async def destination(self) -> str:
+        return unique("memory")
+
+    def bad_destination(self) -> str:
+        return "missing"
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        self.memory.fail_message(message.id, retryable=False, message="injected failure")
+        # Held acknowledgements let later messages of the key be in flight when it fails.
+        self.memory.stall()
+        asyncio.get_running_loop().call_soon(self.memory.resume)
+        return message
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        return [
+            Received(message.body, _headers_of(message), message.key)
+            for message in self.memory.received(destination)
+        ]
+
+
+def _headers_of(message: OutgoingMessage) -> dict[str, str]:
+    headers = dict(message.headers)
+    headers[MESSAGE_ID_HEADER] = message.id_text
+    if message.key is not None:
+        headers[ORDERING_KEY_HEADER] = message.key
+    return headers
+
+
+class KafkaBroker(Broker):
+    name = "kafka"
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.topics: list[str] = []
+
+    async def open(self) -> Transport:
+        from relayer.transports.kafka import KafkaTransport
+
+        transport = KafkaTransport(
+            "kafka",
+            # A short propagation time: an unknown topic fails in 1 s, not librdkafka's 30 s.
+            {"bootstrap.servers": self.bootstrap, "topic.metadata.propagation.max.ms": 1000},
+        )
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        topic = unique("topic")
+        await asyncio.to_thread(create_topics, self.bootstrap, [topic])
+        self.topics.append(topic)
+        return topic
+
+    def bad_destination(self) -> str:
+        return unique("missing-topic")
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        # Over the producer's message.max.bytes: refused by librdkafka, like a broker would.
+        return dataclasses.replace(message, body=b"x" * 1_100_000)
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        return await asyncio.to_thread(consume_kafka, self.bootstrap, destination, count)
+
+    async def cleanup(self) -> None:
+        if self.topics:
+            await asyncio.to_thread(delete_topics, self.bootstrap, self.topics)
+
+
+def create_topics(bootstrap: str, topics: Sequence[str], partitions: int = 4) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics([NewTopic(topic, partitions, 1) for topic in topics])
+    for future in created.values():
+        future.result(30)
+
+
+def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(list(topics)).values():
+        # Cleanup only: tansu's in-memory topics vanish with the broker anyway.
+        with contextlib.suppress(Exception):
+            future.result(30)
+
+
+def consume_kafka(
+    bootstrap: str, topic: str, count: int, idle_seconds: float = 5.0
+) -> list[Received]:
+    """Everything in ``topic`` (at least ``count`` messages, or what came before going idle)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("group"),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        partitions = metadata.topics[topic].partitions
+        consumer.assign([TopicPartition(topic, number, OFFSET_BEGINNING) for number in partitions])
+        received: list[Received] = []
+        idle = 0.0
+        while len(received) < count and idle < idle_seconds:
+            batch = consumer.consume(1000, timeout=0.5)
+            idle = idle + 0.5 if not batch else 0.0
+            for record in batch:
+                if record.error() is not None:
+                    continue
+                headers = {name: (value or b"").decode() for name, value in record.headers() or []}
+                key = record.key()
+                received.append(
+                    Received(record.value() or b"", headers, None if key is None else key.decode())
+                )
+        return received
+    finally:
+        consumer.close()
+
+
+class RabbitMQBroker(Broker):
+    name = "rabbitmq"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.queues: list[str] = []
+        self.connection: Any = None
+
+    async def open(self) -> Transport:
+        import aio_pika
+
+        from relayer.transports.rabbitmq import RabbitMQTransport
+
+        self.connection = await aio_pika.connect(self.url)
+        transport = RabbitMQTransport("rabbitmq", self.url)
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        channel = await self.connection.channel()
+        queue = await channel.declare_queue(unique("queue"), durable=True)
+        self.queues.append(queue.name)
+        await channel.close()
+        return "/" + queue.name
+
+    def bad_destination(self) -> str:
+        return unique("missing-exchange") + "/anything"
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        # amq.direct exists, but nothing is bound for this routing key: returned, unroutable.
+        return dataclasses.replace(message, destination="amq.direct/" + unique("unbound"))
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        return await consume_rabbitmq(self.connection, destination.removeprefix("/"), count)
+
+    async def cleanup(self) -> None:
+        if self.connection is None:
+            return
+        channel = await self.connection.channel()
+        for name in self.queues:
+            await channel.queue_delete(name)
+        await self.connection.close()
+
+
+async def consume_rabbitmq(
+    connection: Any, queue_name: str, count: int, idle_seconds: float = 5.0
+) -> list[Received]:
+    """Consume ``queue_name`` until ``count`` messages arrived or it stayed idle for a while."""
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=1000)
+    queue = await channel.get_queue(queue_name, ensure=True)
+    received: list[Received] = []
+    arrived = asyncio.Event()
+
+    async def on_message(message: Any) -> None:
+        headers = {
+            name: value.decode() if isinstance(value, bytes) else str(value)
+            for name, value in (message.headers or {}).items()
+        }
+        received.append(Received(message.body, headers, headers.get(ORDERING_KEY_HEADER)))
+        await message.ack()
+        if len(received) >= count:
+            arrived.set()
+
+    tag = await queue.consume(on_message)
+    try:
+        while len(received) < count:
+            seen = len(received)
+            try:
+                await asyncio.wait_for(arrived.wait(), idle_seconds)
+            except TimeoutError:
+                if len(received) == seen:
+                    break
+        return received
+    finally:
+        await queue.cancel(tag)
+        await channel.close()
