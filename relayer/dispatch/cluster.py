@@ -151,3 +151,77 @@ class RoutedClusterState:
             for grant in result.grants
         ]
         return grants, {members[i]: gate for i, gate in enumerate(result.gates)}
+
+
+class MemoryClusterState:
+    """Pause and concurrency limits within one process: the PostgreSQL gate without a database.
+
+    It walks the order exactly as the database function does, so tests of worker groups can
+    pause queues and cap them without PostgreSQL; it also serves single-process deployments.
+    """
+
+    def __init__(self) -> None:
+        self._paused: set[str] = set()
+        self._all_paused = False
+        self._limits: dict[str, int] = {}
+        self._in_use: dict[str, set[int]] = {}
+
+    def pause(self, queue: str | None = None) -> None:
+        if queue is None:
+            self._all_paused = True
+        else:
+            self._paused.add(queue)
+
+    def resume(self, queue: str | None = None) -> None:
+        if queue is None:
+            self._all_paused = False
+        else:
+            self._paused.discard(queue)
+
+    def set_limit(self, queue: str, limit: int | None) -> None:
+        if limit is None:
+            self._limits.pop(queue, None)
+        elif isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise DispatchError(f"a concurrency limit is an integer >= 1 or None, got {limit!r}")
+        else:
+            self._limits[queue] = limit
+
+    def in_use(self, queue: str) -> int:
+        return len(self._in_use.get(queue, ()))
+
+    async def acquire(self, request: ClaimRequest) -> ClaimResult:
+        paused = [self._all_paused or queue in self._paused for queue in request.queues]
+        refused = list(paused)
+        grants: list[Grant] = []
+        for position, index in enumerate(request.order):
+            if len(grants) >= request.budget:
+                break
+            if refused[index]:
+                continue
+            queue = request.queues[index]
+            limit = self._limits.get(queue)
+            number: int | None = None
+            if limit is not None:
+                taken = self._in_use.setdefault(queue, set())
+                number = next((n for n in range(limit) if n not in taken), None)
+                if number is None:
+                    refused[index] = True
+                    continue
+                taken.add(number)
+            grants.append(Grant(position, index, Slot(queue, number)))
+        gates = tuple(
+            QueueGate(
+                GateState.PAUSED
+                if paused[index]
+                else GateState.FULL
+                if refused[index]
+                else GateState.OPEN,
+                self._limits.get(queue),
+            )
+            for index, queue in enumerate(request.queues)
+        )
+        return ClaimResult(tuple(grants), gates)
+
+    def release(self, slot: Slot) -> None:
+        if slot.number is not None:
+            self._in_use.get(slot.queue, set()).discard(slot.number)

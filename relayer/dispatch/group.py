@@ -239,10 +239,13 @@ class WorkerGroup(Generic[KeyT]):
             if counted[grant.queue_index] < claimed[grant.queue_index]:
                 counted[grant.queue_index] += 1
                 issued.append(grant.queue_index)
+        # What each queue could have taken: a refused queue nothing, a queue at its limit what
+        # it got (so a capped queue does not bank credit it cannot use). A queue whose claim
+        # came back short keeps its due count: it was not reached, and it is not charged.
         for index, gate in enumerate(result.gates):
             if gate.state in _REFUSED:
                 demand[index] = 0
-            elif gate.state is GateState.FULL or claimed[index] < len(slots[index]):
+            elif gate.state is GateState.FULL:
                 demand[index] = claimed[index]
         self._planner.charge(issued, demand)
         return claimed

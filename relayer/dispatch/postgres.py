@@ -9,9 +9,9 @@ the holder's connection dies (process killed, host gone), with no sweep and no s
 A pass is one statement: it reads the pause flags and limits of every queue of the pass and
 calls a PL/pgSQL function created in the connection's ``pg_temp``, which unlocks finished slots
 and walks the planner's order taking slots until the budget is spent. Queues without a limit
-take no lock. Every lock the function takes comes back as a row, so none is taken and then lost; if a call
-fails half-way, the connection's own locks are compared with the ones it should hold and any
-stray lock is released (or the connection is closed, which releases everything).
+take no lock. Every lock the function takes comes back as a row, so none is taken and then
+lost; if a call fails half-way, the connection's own locks are compared with the ones it should
+hold and any stray lock is released (or the connection is closed, which releases everything).
 
 A limit applies to claims made while it is set: lowering it never stops running jobs, and
 jobs of a queue claimed while it had no limit hold no slot and are not counted.
