@@ -30,19 +30,30 @@ def one_slot_at_a_time(policy: Policy, due: Sequence[int], steps: int) -> list[s
 
 
 def test_six_three_one_repeats_its_period() -> None:
-    pattern = "a b a a b a c a b a".split()
+    pattern = ["a", "b", "a", "a", "b", "a", "c", "a", "b", "a"]
     assert one_slot_at_a_time(SIX_THREE_ONE, [BACKLOG] * 3, 30) == pattern * 3
 
 
 def test_five_one_one() -> None:
     policy = Weighted([("a", 5), ("b", 1), ("c", 1)])
-    pattern = "a a b a c a a".split()
+    pattern = ["a", "a", "b", "a", "c", "a", "a"]
     assert one_slot_at_a_time(policy, [BACKLOG] * 3, 21) == pattern * 3
 
 
 def test_a_pass_of_ten_slots_is_the_same_sequence() -> None:
     plan = Planner(SIX_THREE_ONE).plan(10, [BACKLOG] * 3)
-    assert [SIX_THREE_ONE.queues[i] for i in plan.order] == "a b a a b a c a b a".split()
+    assert [SIX_THREE_ONE.queues[i] for i in plan.order] == [
+        "a",
+        "b",
+        "a",
+        "a",
+        "b",
+        "a",
+        "c",
+        "a",
+        "b",
+        "a",
+    ]
     assert plan.allocation == (6, 3, 1)
 
 
