@@ -266,6 +266,13 @@ class KafkaTransport:
                 continue
             if error is None:
                 future.set_result(None)
+            elif error.code() in _NOT_SENT:
+                future.set_exception(
+                    TransportUnavailableError(
+                        f"the Kafka producer dropped the message unacknowledged ({error.str()}): "
+                        "it was closed or hit a fatal error; the message will be sent again"
+                    )
+                )
             else:
                 future.set_exception(delivery_error(error, report, self._max_bytes))
         if self._waiting_for_space:
@@ -387,6 +394,8 @@ class KafkaTransport:
 
 
 _RESERVED = frozenset({MESSAGE_ID_HEADER, ORDERING_KEY_HEADER})
+# Delivery reports of messages dropped by a purge or a fatal error: nothing wrong with them.
+_NOT_SENT = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._FATAL})
 
 
 def _record_delivery(

@@ -167,8 +167,8 @@ def _translate(error: Any, topic: str, size: int, max_bytes: int) -> SendError:
         )
     if name == "CLUSTER_AUTHORIZATION_FAILED":
         return SendError(
-            f"not authorized to produce idempotently ({text}); grant the relay's principal "
-            "IDEMPOTENT_WRITE on the cluster",
+            f"not authorized to produce idempotently to {topic!r} ({text}); grant the "
+            "relay's principal IDEMPOTENT_WRITE on the cluster",
             retryable=False,
         )
     if name in _REJECTED:

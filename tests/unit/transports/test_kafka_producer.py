@@ -1,0 +1,163 @@
+"""KafkaTransport's poll thread, backpressure and fatal-error rebuild, with a fake producer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from relayer.transports.base import OutgoingMessage, SendError, TransportUnavailableError
+from relayer.transports.kafka import KafkaTransport
+
+
+class FakeTopic:
+    def __init__(self) -> None:
+        self.error = None
+        self.partitions = {0: None}
+
+
+class FakeMetadata:
+    def __init__(self, topic: str | None) -> None:
+        self.topics = {} if topic in (None, "missing") else {topic: FakeTopic()}
+
+
+class FakeProducer:
+    """Queues produced messages; ``poll`` delivers them when the test allows it."""
+
+    def __init__(self, config: dict[str, Any], registry: list[FakeProducer]) -> None:
+        self.config = config
+        self.lock = threading.Lock()
+        self.queue: list[tuple[bytes, Callable[[Any, Any], None]]] = []
+        self.deliver = True
+        self.capacity = 1_000_000
+        self.fatal: KafkaError | None = None
+        self.fatal_reported = False
+        registry.append(self)
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, **kwargs: Any) -> None:
+        with self.lock:
+            if self.fatal is not None:
+                raise KafkaException(KafkaError(KafkaError._FATAL, "fatal", fatal=True))
+            if len(self.queue) >= self.capacity:
+                raise BufferError("Local: Queue full")
+            self.queue.append((value, kwargs["on_delivery"]))
+
+    def poll(self, timeout: float) -> int:
+        with self.lock:
+            if self.fatal is not None and not self.fatal_reported:
+                self.fatal_reported = True
+                self.config["error_cb"](self.fatal)
+                return 1
+            ready = self.queue if self.deliver else []
+            if self.deliver:
+                self.queue = []
+        for _, callback in ready:
+            callback(None, None)
+        if not ready:
+            threading.Event().wait(min(timeout, 0.005))
+        return len(ready)
+
+    def flush(self, timeout: float) -> int:
+        self.deliver = True
+        self.poll(0)
+        return 0
+
+    def purge(self, *args: Any, **kwargs: Any) -> None:
+        with self.lock:
+            purged, self.queue = self.queue, []
+        for _, callback in purged:
+            callback(KafkaError(KafkaError._PURGE_QUEUE), None)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> FakeMetadata:
+        return FakeMetadata(topic)
+
+
+@pytest.fixture
+async def kafka() -> AsyncIterator[tuple[KafkaTransport, list[FakeProducer]]]:
+    producers: list[FakeProducer] = []
+    transport = KafkaTransport(
+        "kafka",
+        {"bootstrap.servers": "fake:9092", "sasl.password": "hunter2"},
+        producer_factory=lambda config: FakeProducer(config, producers),
+    )
+    await transport.start()
+    yield transport, producers
+    await transport.close()
+
+
+def message(key: str = "a", topic: str = "orders") -> OutgoingMessage:
+    return OutgoingMessage(uuid.uuid4(), topic, b"body", key=key)
+
+
+async def settle(awaitable: Any) -> BaseException | None:
+    try:
+        await asyncio.wait_for(awaitable, 10)
+    except Exception as exc:
+        return exc
+    return None
+
+
+async def test_deliveries_resolve_from_the_poll_thread(kafka: Any) -> None:
+    transport, _ = kafka
+    acknowledgements = [await transport.publish(message(str(n))) for n in range(100)]
+    assert [await settle(a) for a in acknowledgements] == [None] * 100
+
+
+async def test_repr_and_config_never_show_secrets(kafka: Any) -> None:
+    transport, producers = kafka
+    assert "hunter2" not in repr(transport)
+    assert producers[0].config["sasl.password"] == "hunter2"  # passed through to librdkafka
+    assert producers[0].config["enable.gapless.guarantee"] is True
+
+
+async def test_a_missing_topic_fails_without_producing(kafka: Any) -> None:
+    transport, producers = kafka
+    error = await settle(await transport.publish(message(topic="missing")))
+    assert isinstance(error, SendError) and not error.retryable
+    assert producers[0].queue == []
+
+
+async def test_a_full_local_queue_is_backpressure(kafka: Any) -> None:
+    transport, producers = kafka
+    producer = producers[0]
+    producer.deliver = False
+    producer.capacity = 2
+    first = [await transport.publish(message()) for _ in range(2)]
+    blocked = asyncio.ensure_future(transport.publish(message()))
+    await asyncio.sleep(0.05)
+    assert not blocked.done()  # publish waits for space instead of failing
+    producer.deliver = True
+    third = await asyncio.wait_for(blocked, 10)
+    assert [await settle(a) for a in [*first, third]] == [None] * 3
+
+
+async def test_a_fatal_error_fails_outstanding_as_unavailable_and_rebuilds(kafka: Any) -> None:
+    transport, producers = kafka
+    old = producers[0]
+    old.deliver = False
+    outstanding = [await transport.publish(message()) for _ in range(3)]
+    with old.lock:
+        old.fatal = KafkaError(KafkaError._FATAL, "idempotence broke", fatal=True)
+    errors = [await settle(a) for a in outstanding]
+    assert all(isinstance(error, TransportUnavailableError) for error in errors)
+    assert "fatal error" in str(errors[0])
+    # Rebuilt: the next publish goes to a new producer and succeeds.
+    for _ in range(100):
+        if len(producers) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert len(producers) == 2
+    assert await settle(await transport.publish(message())) is None
+
+
+async def test_close_flushes_everything(kafka: Any) -> None:
+    transport, producers = kafka
+    producers[0].deliver = False
+    acknowledgements = [await transport.publish(message()) for _ in range(5)]
+    await transport.close()
+    assert all(a.done() and a.exception() is None for a in acknowledgements)
