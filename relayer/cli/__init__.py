@@ -16,6 +16,7 @@ from relayer import __version__
 from relayer.cli import (
     demo_command,
     parked_command,
+    queue_command,
     run_command,
     schema_command,
     status_command,
@@ -25,7 +26,14 @@ from relayer.errors import ConfigurationError, RelayerError, UsageError
 from relayer.logs import configure
 from relayer.redact import redact
 
-COMMANDS = (schema_command, run_command, status_command, parked_command, demo_command)
+COMMANDS = (
+    schema_command,
+    run_command,
+    status_command,
+    parked_command,
+    queue_command,
+    demo_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
