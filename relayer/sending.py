@@ -23,7 +23,7 @@ from uuid import UUID
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import TransportError
 from relayer.store import Failure, PendingRow
-from relayer.transports.base import OutgoingMessage, SendError, Transport
+from relayer.transports.base import SendError, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class BatchSender:
             int, asyncio.Future[None]
         ] = {}  # pipelined row -> its predecessor's ack
         self._in_flight = 0
+        self._publishing: int | None = None
         self._wake = asyncio.Event()
         self._closed = False
         last_of_key: dict[str, int] = {}
@@ -130,6 +131,21 @@ class BatchSender:
         return self.report.unavailable is not None or self.clock() >= self.admit_until
 
     async def _publish_ready(self) -> None:
+        if not self._ready or self._admission_over():
+            return
+        self._publishing = None
+        try:
+            # One deadline for the whole run of publishes (a timer per publish costs more than
+            # the publish): a publish blocked on backpressure must not eat the batch deadline.
+            async with asyncio.timeout(max(self.wait_until - self.clock(), 0)):
+                await self._publish_loop()
+        except TimeoutError:
+            if self._publishing is not None:
+                self._stopped_keys.add(self.rows[self._publishing].key)
+            self.report.cut_short = True
+            self.admit_until = self.clock()
+
+    async def _publish_loop(self) -> None:
         while self._ready and not self._admission_over():
             index = heapq.heappop(self._ready)
             row = self.rows[index]
@@ -140,29 +156,17 @@ class BatchSender:
                 self._stopped_keys.add(row.key)
             if row.key in self._stopped_keys:
                 continue
+            message = row.message
             try:
                 transport = self.resolve(row)
-                await self.destinations.require_ordered(transport, row.destination)
+                if (transport.name, message.destination) not in self.destinations:
+                    await self.destinations.require_ordered(transport, message.destination)
             except PreparationError as exc:
                 self._fail(index, str(exc), permanent=False)
                 continue
-            message = OutgoingMessage(
-                id=row.id,
-                destination=row.destination,
-                body=row.body,
-                key=row.key,
-                headers=row.headers,
-                created_at=row.created_at,
-            )
+            self._publishing = index
             try:
-                # A publish blocked on backpressure must not eat the batch's deadline.
-                async with asyncio.timeout(max(self.wait_until - self.clock(), 0)):
-                    acknowledgement = await transport.publish(message)
-            except TimeoutError:
-                self.report.cut_short = True
-                self._stopped_keys.add(row.key)
-                self.admit_until = self.clock()
-                return
+                acknowledgement = await transport.publish(message)
             except SendError as exc:
                 self._fail(index, str(exc), permanent=not exc.retryable)
                 continue
@@ -172,10 +176,15 @@ class BatchSender:
             except Exception as exc:  # a plug-in's bug must park only this row's key
                 self._fail(index, f"{type(exc).__name__}: {exc}", permanent=False)
                 continue
+            self._publishing = None
             self.report.published += 1
             self.report.states[index] = State.IN_FLIGHT
             self._in_flight += 1
-            future = asyncio.ensure_future(acknowledgement)
+            future = (
+                acknowledgement
+                if isinstance(acknowledgement, asyncio.Future)
+                else asyncio.ensure_future(acknowledgement)
+            )
             following = self._next_of_key[index]
             if following is not None:
                 if self._pipelined(transport, row, self.rows[following]):

@@ -6,9 +6,10 @@ driver rows travel further. Statements live in ``relayer/sql/relay.sql``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
@@ -16,6 +17,7 @@ import psycopg
 
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.transports.base import OutgoingMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,17 +35,24 @@ class LaneHead:
 
 @dataclass(frozen=True, slots=True)
 class PendingRow:
-    """One ordered outbox row read under the lane lock."""
+    """One ordered outbox row read under the lane lock: the message, as a transport gets it,
+    the transport it names (None: the store's default) and whether it is future-dated."""
 
-    id: UUID
-    key: str
+    message: OutgoingMessage
     transport: str | None
-    destination: str
-    body: bytes
-    headers: Mapping[str, str]
-    attempts: int
     future: bool
-    created_at: datetime
+
+    @property
+    def id(self) -> UUID:
+        return self.message.id
+
+    @property
+    def key(self) -> str:
+        return self.message.key or ""
+
+    @property
+    def destination(self) -> str:
+        return self.message.destination
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +139,9 @@ class RelayStore:
         params = {"lane": lane, "member": member, "token": token, "lease": self.lease}
         async with conn.pipeline():
             locked = await conn.execute(self.queries["lock_lane"], params)
-            read = await conn.execute(self.queries["read_batch"], {**params, "limit": limit})
+            read = await conn.execute(
+                self.queries["read_batch"], {**params, "limit": limit}, binary=True
+            )
         row = await locked.fetchone()
         if row is None:
             return None, []
@@ -168,16 +179,16 @@ class RelayStore:
         return Outcomes(int(deleted), int(failed), int(gave_up), int(unparked), bool(fence_held))
 
 
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
 def _pending(values: Sequence[Any]) -> PendingRow:
-    message_id, key, transport, destination, body, headers, attempts, future, created_at = values
-    return PendingRow(
-        id=message_id,
-        key=key,
-        transport=transport,
-        destination=destination,
-        body=bytes(body),
-        headers=headers or {},
-        attempts=int(attempts),
-        future=bool(future),
-        created_at=created_at,
+    message_id, key, transport, destination, body, headers, future = values
+    message = OutgoingMessage(
+        message_id,
+        destination,
+        body,
+        key,
+        _NO_HEADERS if headers == "{}" else json.loads(headers),
     )
+    return PendingRow(message, transport, future)

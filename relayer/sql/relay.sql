@@ -66,9 +66,9 @@ LEFT JOIN LATERAL (
     SELECT o.id, o.deliver_at
     FROM {outbox} AS o
     WHERE o.lane = l.lane
-      AND NOT EXISTS (
-          SELECT 1 FROM {parked} AS p
-          WHERE p.ordering_key = o.ordering_key AND (p.retry_at IS NULL OR p.retry_at > now())
+      AND o.ordering_key NOT IN (
+          SELECT p.ordering_key FROM {parked} AS p
+          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > now())
       )
     ORDER BY o.id
     LIMIT 1
@@ -93,17 +93,19 @@ RETURNING token
 
 -- name: read_batch
 -- Head first, under the lock, skipping parked keys that are not due for a retry.
-SELECT o.id, o.ordering_key, o.transport, o.destination, o.body, o.headers, o.attempts,
-       coalesce(o.deliver_at > now(), false) AS future, o.created_at
+SELECT o.id, o.ordering_key, o.transport, o.destination, o.body, o.headers::text,
+       coalesce(o.deliver_at > now(), false) AS future
 FROM {outbox} AS o
 WHERE o.lane = %(lane)s
   AND EXISTS (
       SELECT 1 FROM {leases} AS s
       WHERE s.lane = %(lane)s AND s.owner = %(member)s AND s.expires_at > now()
   )
-  AND NOT EXISTS (
-      SELECT 1 FROM {parked} AS p
-      WHERE p.ordering_key = o.ordering_key AND (p.retry_at IS NULL OR p.retry_at > now())
+  -- A hashed set of the lane's waiting keys, built once per statement (ordering_key is never
+  -- NULL in a lane, so NOT IN is exact).
+  AND o.ordering_key NOT IN (
+      SELECT p.ordering_key FROM {parked} AS p
+      WHERE p.lane = %(lane)s AND (p.retry_at IS NULL OR p.retry_at > now())
   )
 ORDER BY o.id
 LIMIT %(limit)s
@@ -117,7 +119,7 @@ WITH fence AS (
     WHERE lane = %(lane)s AND owner = %(member)s AND token = %(token)s
 ), deleted AS (
     DELETE FROM {outbox}
-    WHERE id = ANY(%(acked)s::uuid[]) AND lane = %(lane)s AND EXISTS (SELECT 1 FROM fence)
+    WHERE id = ANY(%(acked)b::uuid[]) AND lane = %(lane)s AND EXISTS (SELECT 1 FROM fence)
     RETURNING id
 ), failure AS (
     SELECT * FROM unnest(%(failed)s::uuid[], %(errors)s::text[], %(permanent)s::bool[])
@@ -143,7 +145,7 @@ WITH fence AS (
     -- A key whose retried head went through is free again, unless a later row of it failed
     -- in this same batch (then "parked" above re-parks it).
     DELETE FROM {parked}
-    WHERE lane = %(lane)s AND head_id = ANY(%(acked)s::uuid[]) AND EXISTS (SELECT 1 FROM fence)
+    WHERE lane = %(lane)s AND head_id = ANY(%(acked)b::uuid[]) AND EXISTS (SELECT 1 FROM fence)
       AND ordering_key NOT IN (SELECT ordering_key FROM counted)
     RETURNING 1
 )

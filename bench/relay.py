@@ -1,0 +1,166 @@
+"""Relay throughput: one worker, 64 lanes, 200-byte rows over 10,000 keys.
+
+    python -m bench.relay [--rows 100000] [--baseline-rows 10000] [--transport memory]
+
+Measures, in one run against the same PostgreSQL:
+- relayer: a Worker (default pool and batch size) draining a pre-filled outbox;
+- the per-row baseline the reference relay describes: per lane, in a transaction holding the
+  lane lock, each row gets a conditional claim UPDATE, a sequential send awaited to its
+  acknowledgement, and a fenced DELETE.
+Prints rows/s for both and the ratio. Never asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import psycopg
+
+from bench.common import machine, postgres, scratch_schema, server_version
+from relayer import Outbox, OutboxMessage, schema
+from relayer.settings import StoreSettings, WorkerSettings, store_settings
+from relayer.sql import queries_for
+from relayer.store import RelayStore
+from relayer.transports.base import OutgoingMessage, Transport
+from relayer.transports.memory import MemoryTransport
+from relayer.worker import Worker
+
+BODY = b"x" * 200
+KEYS = 10_000
+LANES = 64
+
+# The baseline's per-row statements (the pattern relayer replaces with set-based work).
+CLAIM = (
+    "UPDATE {outbox} SET attempts = attempts WHERE id = %(id)s AND lane = %(lane)s "
+    "AND EXISTS (SELECT 1 FROM {leases} WHERE lane = %(lane)s AND token = %(token)s) "
+    "RETURNING id"
+)
+DELETE = (
+    "DELETE FROM {outbox} WHERE id = %(id)s "
+    "AND EXISTS (SELECT 1 FROM {leases} WHERE lane = %(lane)s AND token = %(token)s)"
+)
+
+
+def make_store(dsn: str, schema_name: str) -> StoreSettings:
+    return store_settings(
+        name="bench",
+        dsn=dsn,
+        schema=schema_name,
+        table_prefix="r_",
+        lanes=LANES,
+        poll_interval="0.2s",
+        notify=False,
+        transports={"memory": {"type": "memory"}},
+        default_transport="memory",
+    )
+
+
+async def fill(store: StoreSettings, rows: int) -> None:
+    outbox = Outbox(store)
+    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
+        for start in range(0, rows, 5_000):
+            count = min(5_000, rows - start)
+            messages = [
+                OutboxMessage("events", BODY, key=f"key-{(start + index) % KEYS}")
+                for index in range(count)
+            ]
+            await outbox.write_many_async(conn, messages)
+            await conn.commit()
+
+
+async def pending(store: StoreSettings) -> int:
+    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
+        cursor = await conn.execute(
+            psycopg.sql.SQL("SELECT count(*) FROM {}").format(
+                psycopg.sql.Identifier(store.db_schema, store.names.table("outbox"))
+            )
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def relayer_rate(store: StoreSettings, transport: Transport, rows: int) -> float:
+    await fill(store, rows)
+    worker = Worker(
+        [store], transports={store.name: {"memory": transport}}, settings=WorkerSettings()
+    )
+    stop = asyncio.Event()
+    started = time.perf_counter()
+    task = asyncio.create_task(worker.run(stop))
+    while await pending(store):
+        await asyncio.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    await task
+    return rows / elapsed
+
+
+async def baseline_rate(store: StoreSettings, transport: Transport, rows: int) -> float:
+    """The per-row pattern: claim UPDATE + send awaited + fenced DELETE, one row at a time."""
+    await fill(store, rows)
+    queries = queries_for(store.names)
+    ids = {
+        "outbox": f'"{store.db_schema}"."{store.names.table("outbox")}"',
+        "leases": f'"{store.db_schema}"."{store.names.table("leases")}"',
+    }
+    claim, delete = CLAIM.format(**ids), DELETE.format(**ids)
+    db = RelayStore(store)
+    sent = 0
+    started = time.perf_counter()
+    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
+        while sent < rows:
+            for lane in range(LANES):
+                token, batch = await db.lock_and_read(conn, lane, "baseline", uuid.uuid4(), 100)
+                if token is None:
+                    await conn.rollback()
+                    continue
+                for row in batch:
+                    params: dict[str, Any] = {"id": row.id, "lane": lane, "token": token}
+                    claimed = await conn.execute(claim, params)  # type: ignore[arg-type]
+                    if await claimed.fetchone() is None:
+                        continue
+                    message = OutgoingMessage(row.id, row.destination, row.body, row.key)
+                    await (await transport.publish(message))
+                    await conn.execute(delete, params)  # type: ignore[arg-type]
+                    sent += 1
+                await conn.commit()
+    del queries
+    return sent / (time.perf_counter() - started)
+
+
+async def main_async(arguments: argparse.Namespace) -> None:
+    with postgres(arguments.dsn) as dsn:
+        print(f"machine: {machine()}; {server_version(dsn)}")
+        with scratch_schema(dsn, "relay") as schema_name:
+            store = make_store(dsn, schema_name)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await schema.apply(conn, store)
+            transport = MemoryTransport("memory")
+            rate = await relayer_rate(store, transport, arguments.rows)
+            received = len(transport.received("events"))
+            print(
+                f"relayer:  {rate:>10,.0f} rows/s  ({arguments.rows:,} rows, {LANES} lanes, "
+                f"{KEYS:,} keys, batch {store.batch_size}, {received:,} messages received)"
+            )
+            baseline_transport = MemoryTransport("memory")
+            await baseline_transport.start()
+            base = await baseline_rate(store, baseline_transport, arguments.baseline_rows)
+            print(f"baseline: {base:>10,.0f} rows/s  ({arguments.baseline_rows:,} rows, per-row)")
+            print(f"relayer / per-row baseline = {rate / base:.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dsn")
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--baseline-rows", type=int, default=10_000)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
