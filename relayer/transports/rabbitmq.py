@@ -269,8 +269,11 @@ class RabbitMQTransport:
                 since, reason = self._last_failure
                 if time.monotonic() - since < self._reconnect_interval:
                     raise TransportUnavailableError(reason)
+            # A lost channel usually means a lost connection (whose object may not know it
+            # yet): start over with both.
+            await self._disconnect()
             try:
-                if self._connection is None or self._connection.is_closed:
+                if self._connection is None:
                     self._connection = await aio_pika.connect(
                         self._url,
                         timeout=self._connect_timeout,

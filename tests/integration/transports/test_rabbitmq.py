@@ -1,0 +1,222 @@
+"""RabbitMQ specifics on the real broker: reconnects, ordered destinations, consistent hashing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aio_pika
+import aiormq
+import pytest
+
+from relayer.errors import TransportError
+from relayer.transports.base import OutgoingMessage, TransportUnavailableError
+from relayer.transports.rabbitmq import RabbitMQTransport
+from tests.contract.brokers import consume_rabbitmq, unique
+from tests.contract.pacing import publish_in_order
+from tests.services import unavailable
+
+
+class Proxy:
+    """A TCP relay to the broker that the test can cut, like a network failure."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> Proxy:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        self.writers += [writer, up_writer]
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            sink.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+    def cut(self) -> None:
+        for writer in self.writers:
+            writer.transport.abort()
+        self.writers.clear()
+
+    async def stop(self) -> None:
+        self.cut()
+        if self.server is not None:
+            self.server.close()
+
+
+def via(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    credentials = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+    return urlunsplit(parts._replace(netloc=f"{credentials}127.0.0.1:{port}"))
+
+
+@pytest.fixture
+async def channel(rabbitmq_url: str) -> AsyncIterator[Any]:
+    connection = await aio_pika.connect(rabbitmq_url)
+    yield await connection.channel()
+    await connection.close()
+
+
+async def fresh_queue(channel: Any, **arguments: Any) -> Any:
+    return await channel.declare_queue(unique("queue"), durable=True, arguments=arguments or None)
+
+
+async def test_a_lost_connection_fails_outstanding_confirms_and_reconnects(
+    rabbitmq_url: str, channel: Any
+) -> None:
+    parts = urlsplit(rabbitmq_url)
+    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("flaky", via(rabbitmq_url, proxy.port), reconnect_interval=0.01)
+    try:
+        await transport.start()
+        destination = "/" + queue.name
+        acknowledgements = [
+            asyncio.ensure_future(
+                await transport.publish(OutgoingMessage(uuid.uuid4(), destination, b"x", key="k"))
+            )
+            for _ in range(200)
+        ]
+        proxy.cut()
+        await asyncio.wait(acknowledgements)
+        errors = [a.exception() for a in acknowledgements]
+        assert all(e is None or isinstance(e, TransportUnavailableError) for e in errors)
+        assert any(isinstance(e, TransportUnavailableError) for e in errors)
+        # The next publish reconnects through the proxy.
+        again = OutgoingMessage(uuid.uuid4(), destination, b"again", key="k")
+        await asyncio.wait_for(await transport.publish(again), 30)
+    finally:
+        await transport.close()
+        await proxy.stop()
+        await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_an_unreachable_broker_is_a_clear_unavailable_error(rabbitmq_url: str) -> None:
+    proxy = await Proxy("127.0.0.1", 1).start()  # nothing listens upstream
+    url = via(rabbitmq_url.replace("guest:guest", "guest:hunter2"), proxy.port)
+    transport = RabbitMQTransport("down", url, connect_timeout=2)
+    try:
+        with pytest.raises(TransportError) as caught:
+            await transport.start()
+        assert "hunter2" not in str(caught.value)
+        assert "cannot connect" in str(caught.value)
+    finally:
+        await transport.close()
+        await proxy.stop()
+
+
+async def test_exchanges_are_ordered_only_when_listed(rabbitmq_url: str) -> None:
+    plain = RabbitMQTransport("plain", rabbitmq_url)
+    listed = RabbitMQTransport("listed", rabbitmq_url, ordered_destinations=["amq.direct"])
+    for transport in (plain, listed):
+        await transport.start()
+    try:
+        assert await plain.ordered_by_key("amq.direct/anything") is False
+        assert await listed.ordered_by_key("amq.direct/anything") is True
+    finally:
+        await plain.close()
+        await listed.close()
+
+
+async def declare_hash_exchange(url: str, name: str) -> bool:
+    """Declare an x-consistent-hash exchange; False if the broker lacks the plugin."""
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel()
+        await channel.declare_exchange(name, "x-consistent-hash", durable=False)
+    except (aiormq.exceptions.AMQPError, aio_pika.exceptions.AMQPException):
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            await connection.close()
+    return True
+
+
+@pytest.fixture
+async def hash_exchange(rabbitmq_url: str) -> AsyncIterator[str]:
+    """A fresh x-consistent-hash exchange, enabling the plugin on a local broker if needed."""
+    name = unique("hash")
+    if not await declare_hash_exchange(rabbitmq_url, name):
+        plugins = shutil.which("rabbitmq-plugins")
+        if plugins is None:
+            unavailable(
+                "RabbitMQ lacks the rabbitmq_consistent_hash_exchange plugin and "
+                "rabbitmq-plugins is not on PATH to enable it; run: rabbitmq-plugins enable "
+                "rabbitmq_consistent_hash_exchange"
+            )
+        enabled = await asyncio.to_thread(
+            subprocess.run,
+            [plugins, "enable", "rabbitmq_consistent_hash_exchange"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if enabled.returncode != 0 or not await declare_hash_exchange(rabbitmq_url, name):
+            unavailable(
+                "could not enable the rabbitmq_consistent_hash_exchange plugin: "
+                f"{enabled.stderr.strip() or enabled.stdout.strip()}"
+            )
+    yield name
+    connection = await aio_pika.connect(rabbitmq_url)
+    channel = await connection.channel()
+    await channel.exchange_delete(name)
+    await connection.close()
+
+
+async def test_consistent_hash_with_single_active_consumer_queues_keeps_key_order(
+    rabbitmq_url: str, channel: Any, hash_exchange: str
+) -> None:
+    exchange = await channel.get_exchange(hash_exchange)
+    queues = [await fresh_queue(channel, **{"x-single-active-consumer": True}) for _ in range(3)]
+    for queue in queues:
+        await queue.bind(exchange, routing_key="1")  # the binding key is the queue's weight
+    transport = RabbitMQTransport("hashed", rabbitmq_url, ordered_destinations=[exchange.name])
+    await transport.start()
+    destination = f"{exchange.name}/{{key}}"
+    try:
+        assert await transport.ordered_by_key(destination) is True
+        keys, per_key = 300, 4
+        messages = [
+            OutgoingMessage(uuid.uuid4(), destination, f"k{k}#{n}".encode(), key=f"k{k}")
+            for n in range(per_key)
+            for k in range(keys)
+        ]
+        assert set(await publish_in_order(transport, messages)) == {None}
+        connection = await aio_pika.connect(rabbitmq_url)
+        seen: dict[str, list[int]] = defaultdict(list)
+        where: dict[str, set[str]] = defaultdict(set)
+        total = 0
+        for queue in queues:
+            passive = await channel.declare_queue(queue.name, passive=True)
+            count = passive.declaration_result.message_count
+            for received in await consume_rabbitmq(connection, queue.name, count):
+                key, number = received.body.decode().split("#")
+                seen[key].append(int(number))
+                where[key].add(queue.name)
+                total += 1
+        await connection.close()
+        assert total == keys * per_key
+        assert all(numbers == list(range(per_key)) for numbers in seen.values())
+        assert all(len(names) == 1 for names in where.values())  # a key lives in one queue
+    finally:
+        await transport.close()
+        for queue in queues:
+            await queue.delete(if_unused=False, if_empty=False)
