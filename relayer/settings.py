@@ -160,7 +160,7 @@ class StoreSettings(BaseModel):
         if self.poll_interval >= self.lease_duration / 3:
             raise _RelationError(
                 "poll_interval",
-                self.poll_interval.total_seconds(),
+                _as_text(self.poll_interval),
                 "must be less than lease_duration / 3 "
                 f"({self.lease_duration.total_seconds() / 3:g} s for lease_duration "
                 f"{self.lease_duration.total_seconds():g} s)",
@@ -168,7 +168,7 @@ class StoreSettings(BaseModel):
         if self.retry_backoff_max < self.retry_backoff:
             raise _RelationError(
                 "retry_backoff_max",
-                self.retry_backoff_max.total_seconds(),
+                _as_text(self.retry_backoff_max),
                 f"must be at least retry_backoff ({self.retry_backoff.total_seconds():g} s)",
             )
         if self.default_transport is not None and self.default_transport not in self.transports:
@@ -381,6 +381,10 @@ def _as_value_error(check: Any, field: str, value: str) -> str:
     except ConfigurationError as exc:
         raise ValueError(exc.rule) from None
     return result
+
+
+def _as_text(value: timedelta) -> str:
+    return f"{value.total_seconds():g}s"
 
 
 def _names(mapping: Mapping[str, object]) -> str:
