@@ -20,6 +20,7 @@ jobs of a queue claimed while it had no limit hold no slot and are not counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -84,16 +85,28 @@ class PostgresClusterState:
         """Slots this process holds for running jobs."""
         return len(self._held)
 
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the dispatcher connection (its locks show under this pid)."""
+        if self._conn is None or self._conn.closed:
+            return None
+        return int(self._conn.info.backend_pid)
+
     async def open(self) -> None:
         """Connect, check the schema and create the claim function (errors propagate)."""
         async with self._lock:
             await self._connection()
 
     async def close(self) -> None:
-        """Close the connection: every slot it held is free at once."""
+        """Unlock every slot and close the connection (call when the groups have stopped)."""
         async with self._lock:
-            if self._conn is not None:
-                await self._conn.close()
+            conn = self._conn
+            if conn is not None and not conn.closed:
+                # The server ends a closed connection's backend a moment later; unlocking first
+                # frees the slots before close() returns.
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute(self._queries["queue_unlock_all"])
+                await conn.close()
             self._held.clear()
             self._forget_connection()
 

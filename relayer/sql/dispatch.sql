@@ -187,3 +187,6 @@ FROM {queue_events}
 WHERE %(queue)s::text IS NULL OR queue = %(queue)s::text
 ORDER BY id DESC
 LIMIT %(limit)s
+
+-- name: queue_unlock_all
+SELECT pg_advisory_unlock_all()
