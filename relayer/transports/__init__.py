@@ -5,6 +5,9 @@
 transports register a factory under the entry-point group ``relayer.transports``.
 """
 
+import importlib
+from typing import Any
+
 from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,
@@ -15,14 +18,36 @@ from relayer.transports.base import (
     TransportFactory,
     TransportUnavailableError,
 )
+from relayer.transports.memory import MemoryTransport
+from relayer.transports.registry import create_transport, create_transports, known_types
+
+_DRIVER_MODULES = {
+    "KafkaTransport": "relayer.transports.kafka",
+    "RabbitMQTransport": "relayer.transports.rabbitmq",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, so relayer works without the kafka/rabbitmq extras.
+    module = _DRIVER_MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "MESSAGE_ID_HEADER",
     "ORDERING_KEY_HEADER",
     "DestinationError",
+    "KafkaTransport",
+    "MemoryTransport",
+    "RabbitMQTransport",
     "OutgoingMessage",
     "SendError",
     "Transport",
     "TransportFactory",
     "TransportUnavailableError",
+    "create_transport",
+    "create_transports",
+    "known_types",
 ]

@@ -23,7 +23,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -111,7 +111,7 @@ class KafkaTransport:
         reader = Options(options)
         close_timeout = reader.seconds("close_timeout", 30.0)
         metadata_timeout = reader.seconds("metadata_timeout", 10.0)
-        config = {_librdkafka_name(key): value for key, value in reader.unread().items()}
+        config = dict(_flatten(reader.unread()))
         return cls(
             name,
             config,
@@ -417,8 +417,15 @@ def _rebuilding(reason: str) -> TransportUnavailableError:
     )
 
 
-def _librdkafka_name(option: str) -> str:
-    return option.replace("_", ".")
+def _flatten(options: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """librdkafka names from options: ``bootstrap_servers`` and TOML's unquoted dotted keys
+    (``bootstrap.servers = ...`` is a nested table there) both become ``bootstrap.servers``."""
+    for key, value in options.items():
+        name = prefix + key.replace("_", ".")
+        if isinstance(value, Mapping):
+            yield from _flatten(value, name + ".")
+        else:
+            yield name, value
 
 
 def _text(error: Any) -> str:

@@ -26,6 +26,9 @@ def test_built_in_types() -> None:
     assert isinstance(memory, MemoryTransport) and memory.name == "test"
     kafka = create_transport("orders", "events", settings("kafka", bootstrap_servers="k:9092"))
     assert kafka.pipelines_within_key is True and "k:9092" in repr(kafka)
+    # TOML's unquoted dotted keys arrive as nested tables.
+    nested = settings("kafka", bootstrap={"servers": "k:9093"}, linger={"ms": 5})
+    assert "'linger.ms': 5" in repr(create_transport("orders", "events", nested))
     rabbit = create_transport(
         "orders", "bus", settings("rabbitmq", url="amqp://u:secret@h/", ordered_destinations="x")
     )
