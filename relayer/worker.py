@@ -26,7 +26,15 @@ from psycopg_pool import AsyncConnectionPool
 from relayer import schema
 from relayer.connection import connect
 from relayer.destinations import DestinationCache
-from relayer.dispatch import Job, MemoryQueue, Strict, Weighted, WorkerGroup
+from relayer.dispatch import (
+    Job,
+    MemoryQueue,
+    PostgresClusterState,
+    RoutedClusterState,
+    Strict,
+    Weighted,
+    WorkerGroup,
+)
 from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
 from relayer.errors import ConfigurationError
@@ -196,6 +204,8 @@ class Worker:
         instance_id: str | None = None,
         cluster_state: ClusterState | None = None,
     ) -> None:
+        """``cluster_state`` defaults to each store's PostgreSQL queue state (pause and
+        concurrency limits set with ``relayer queue``), one dispatcher connection per store."""
         names = [store.name for store in stores]
         if not names:
             raise ConfigurationError("stores", names, "a worker needs at least one store")
@@ -220,6 +230,9 @@ class Worker:
             )
             for store in stores
         }
+        self._gates = [] if cluster_state is not None else [PostgresClusterState(s) for s in stores]
+        if cluster_state is None:
+            cluster_state = RoutedClusterState({gate.store.name: gate for gate in self._gates})
         self.group: WorkerGroup[int] = WorkerGroup(
             self._policy(names),
             [runtime.queue for runtime in self.runtimes.values()],
@@ -253,7 +266,11 @@ class Worker:
         transports = {id(t): t for r in self.runtimes.values() for t in r.transports.values()}
         started_transports: list[Transport] = []
         opened: list[StoreRuntime] = []
+        gates: list[PostgresClusterState] = []
         try:
+            for gate in self._gates:
+                await gate.open()
+                gates.append(gate)
             for transport in transports.values():
                 await transport.start()
                 started_transports.append(transport)
@@ -279,6 +296,8 @@ class Worker:
             stop.set()
             for runtime in opened:
                 await runtime.close()
+            for gate in gates:
+                await gate.close()
             for transport in started_transports:
                 try:
                     await transport.close()
