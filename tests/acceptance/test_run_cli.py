@@ -154,3 +154,33 @@ async def test_redrive_delivers_the_rest_of_the_key_in_order(memory_store: Store
     received = bodies_by_key(broker.received("events"))
     assert received[bad] == [0, 1, 2, 3, 4, 0]  # "#0" of the second write is the sixth row
     assert parked(memory_store) == {}
+
+
+async def test_queue_pause_stops_a_running_worker_and_resume_restores_it(
+    memory_store: StoreSettings,
+) -> None:
+    broker = MemoryTransport("memory")
+    worker = Worker(
+        [memory_store],
+        transports={"orders": {"memory": broker}},
+        settings=WorkerSettings(pool_size=4),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    env = worker_env(memory_store)
+    try:
+        await asyncio.wait_for(worker.started.wait(), 10)
+        paused = await asyncio.to_thread(relayer, "queue", "pause", "orders", env=env)
+        assert paused.returncode == 0, paused.stderr
+        write(memory_store, [f"key-{index}" for index in range(20)])
+        await asyncio.sleep(1.0)  # ten poll intervals, and the writer's NOTIFY
+        assert pending(memory_store) == 20
+        resumed = await asyncio.to_thread(relayer, "queue", "resume", "orders", env=env)
+        assert resumed.returncode == 0, resumed.stderr
+        async with asyncio.timeout(10):
+            while pending(memory_store):
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+    assert len(broker.received("events")) == 20
