@@ -12,9 +12,14 @@ from typing import Any
 
 from relayer.cli.common import EXIT_OK, Context
 from relayer.connection import connect
-from relayer.dispatch.control import LIMIT_RULE, QueueControl, QueueStatus, default_actor
+from relayer.dispatch.control import (
+    LIMIT_RULE,
+    QueueControl,
+    QueueStatus,
+    default_actor,
+    require_dispatch_schema,
+)
 from relayer.dispatch.policies import ALL_QUEUES
-from relayer.dispatch.statements import require_dispatch_schema
 from relayer.errors import ConfigurationError
 from relayer.settings import StoreSettings
 

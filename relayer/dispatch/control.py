@@ -1,5 +1,8 @@
 """Operator controls of a store's queues: pause, resume, concurrency limits, status, audit.
 
+Also what every user of the queue tables shares: the schema version they need and the advisory
+lock key of a queue's slots.
+
 Every change is one statement that updates the queue's current state and appends an audit row
 (who, when, why, what), so the two never disagree. Workers read the state on their next claim.
 ``who`` defaults to ``user@host:pid`` of the calling process.
@@ -18,11 +21,14 @@ from typing import Any
 import psycopg
 
 from relayer.dispatch.policies import ALL_QUEUES, InvalidDispatchError, check_queue_name
-from relayer.dispatch.statements import queue_lock_key
-from relayer.errors import ConfigurationError
+from relayer.errors import ConfigurationError, SchemaNotAppliedError
 from relayer.identifiers import StoreNames
+from relayer.lanes import fnv1a_32
+from relayer.schema import read_meta
+from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 
+DISPATCH_SCHEMA_VERSION = 2  # the migration that created the queue tables (0002_dispatch)
 LIMIT_RULE = "must be an integer >= 1, or None ('none' on the command line) to remove the limit"
 
 
@@ -57,6 +63,29 @@ def default_actor() -> str:
     except (KeyError, OSError):
         user = "unknown"
     return f"{user}@{socket.gethostname()}:{os.getpid()}"
+
+
+def queue_lock_key(names: StoreNames, queue: str) -> int:
+    """The first key of a queue's slot locks: stable, positive, distinct per store and queue.
+
+    Advisory locks are per database, so only queues of stores in one database share the key
+    space; a collision between two of them (odds ~1 in 2**31 per pair) would make them share
+    slots, which lowers concurrency but never lets a queue exceed its limit.
+    """
+    text = f"{names.schema}.{names.prefix}queues/{queue}"
+    return fnv1a_32(text.encode("utf-8")) & 0x7FFF_FFFF
+
+
+async def require_dispatch_schema(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> None:
+    """Refuse a store whose schema predates the queue tables (or was never applied)."""
+    meta = await read_meta(conn, store.names)
+    if meta is None or meta.schema_version < DISPATCH_SCHEMA_VERSION:
+        found = "no relayer tables" if meta is None else f"schema version {meta.schema_version}"
+        raise SchemaNotAppliedError(
+            f"store {store.name!r}: {found} in schema {store.db_schema!r} with prefix "
+            f"{store.table_prefix!r}; the queue tables need version {DISPATCH_SCHEMA_VERSION}: "
+            f"run `relayer schema apply {store.name}`"
+        )
 
 
 def check_limit(limit: object) -> int | None:

@@ -142,10 +142,24 @@ class Planner:
             return
         if not isinstance(self._policy, Weighted):
             return
-        served = [0] * len(self._credits)
-        limits = list(demand)
+        count = len(self._credits)
+        totals = [0] * count
         for index in issued:
-            limits[index] = max(limits[index], served[index] + 1)
+            totals[index] += 1
+        limits = [max(demand[q], totals[q]) for q in range(count)]
+        if all(totals[q] < limits[q] or limits[q] == 0 for q in range(count)):
+            # No queue runs out of work during the pass, so every step sees the same eligible
+            # set and the steps add up in closed form (an idle queue's cap is monotonic too).
+            paid = sum(self._weights[q] for q in range(count) if limits[q] > 0)
+            steps = len(issued)
+            for q in range(count):
+                grown = self._credits[q] + steps * self._weights[q]
+                if limits[q] > 0:
+                    self._credits[q] = grown - paid * totals[q]
+                else:
+                    self._credits[q] = min(self._total, grown)
+            return
+        served = [0] * count
         for index in issued:
             eligible = [served[q] < limits[q] for q in range(len(limits))]
             swrr_step(self._credits, self._weights, eligible, self._total, index)

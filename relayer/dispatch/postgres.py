@@ -36,7 +36,7 @@ from relayer.dispatch.cluster import (
     QueueGate,
     Slot,
 )
-from relayer.dispatch.statements import queue_lock_key, require_dispatch_schema
+from relayer.dispatch.control import queue_lock_key, require_dispatch_schema
 from relayer.errors import DispatchError, RelayerError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for

@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from relayer.dispatch.statements import queue_lock_key
+from relayer.dispatch.control import queue_lock_key
 from relayer.settings import StoreSettings
 
 ROOT = Path(__file__).resolve().parents[3]

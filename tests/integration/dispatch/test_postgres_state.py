@@ -18,7 +18,7 @@ from relayer.dispatch import (
     Weighted,
     WorkerGroup,
 )
-from relayer.dispatch.statements import queue_lock_key
+from relayer.dispatch.control import queue_lock_key
 from relayer.errors import ConfigurationError, DispatchError, SchemaNotAppliedError
 from relayer.settings import StoreSettings
 from tests.conftest import make_store

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relayer.dispatch import MaxLen, MinLen, Planner, Policy, Priority, RoundRobin, Strict, Weighted
+from relayer.dispatch.planner import swrr_step
 
 SIX_THREE_ONE = Weighted([("a", 6), ("b", 3), ("c", 1)])
 BACKLOG = 10**9
@@ -236,3 +237,33 @@ def test_every_free_slot_goes_to_due_work(
             i: min(free, due[i]) for i in range(3) if min(free, due[i]) > 0
         }
         planner.charge(plan.order, [min(count, free) for count in due])
+
+
+def replay(
+    credits: list[int], weights: list[int], issued: list[int], demand: list[int]
+) -> list[int]:
+    """The reference charge: one SWRR step per issued claim, won by the queue that served."""
+    credits = list(credits)
+    totals = [issued.count(q) for q in range(len(weights))]
+    limits = [max(demand[q], totals[q]) for q in range(len(weights))]
+    served = [0] * len(weights)
+    for index in issued:
+        eligible = [served[q] < limits[q] for q in range(len(weights))]
+        swrr_step(credits, weights, eligible, sum(weights), index)
+        served[index] += 1
+    return credits
+
+
+@given(
+    weights=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_charging_equals_one_step_per_issued_claim(weights: list[int], data: st.DataObject) -> None:
+    count = len(weights)
+    credits = data.draw(st.lists(st.integers(-40, 10), min_size=count, max_size=count))
+    issued = data.draw(st.lists(st.integers(0, count - 1), max_size=15))
+    demand = data.draw(st.lists(st.integers(0, 15), min_size=count, max_size=count))
+    planner = Planner(Weighted([(str(q), weight) for q, weight in enumerate(weights)]))
+    planner._credits = list(credits)
+    planner.charge(issued, demand)
+    assert list(planner.credits) == replay(credits, weights, issued, demand)
