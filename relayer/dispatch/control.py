@@ -120,13 +120,13 @@ class QueueControl:
         self, queue: str | None = None, *, reason: str | None = None, by: str | None = None
     ) -> None:
         """Pause ``queue`` (every queue of the store when None) on every node's next claim."""
-        await self._change("queue_pause", queue, reason, by)
+        await self._set_pause(queue, True, reason, by)
 
     async def resume(
         self, queue: str | None = None, *, reason: str | None = None, by: str | None = None
     ) -> None:
         """Resume ``queue``; None lifts the pause of every queue (own pauses stay in force)."""
-        await self._change("queue_resume", queue, reason, by)
+        await self._set_pause(queue, False, reason, by)
 
     async def set_limit(
         self,
@@ -177,12 +177,13 @@ class QueueControl:
         )
         return tuple(QueueEvent(*row) for row in await cursor.fetchall())
 
-    async def _change(
-        self, statement: str, queue: str | None, reason: str | None, by: str | None
+    async def _set_pause(
+        self, queue: str | None, paused: bool, reason: str | None, by: str | None
     ) -> None:
         params = {
             "queue": ALL_QUEUES if queue is None else _queue_name(queue),
+            "paused": paused,
             "actor": by or default_actor(),
             "reason": reason,
         }
-        await self._conn.execute(self._queries[statement], params)
+        await self._conn.execute(self._queries["queue_set_pause"], params)

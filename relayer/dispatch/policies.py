@@ -26,13 +26,18 @@ class InvalidDispatchError(DispatchError, ValueError):
 
 
 @dataclass(frozen=True, slots=True, init=False)
-class Strict:
-    """Serve ``queues`` in order: a later queue only when every earlier one has no due work."""
+class _QueueList:
+    """A policy that is just its queues, in order: ``Strict("a", "b")``."""
 
     queues: tuple[str, ...]
 
     def __init__(self, *queues: str) -> None:
         object.__setattr__(self, "queues", tuple(queues))
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Strict(_QueueList):
+    """Serve ``queues`` in order: a later queue only when every earlier one has no due work."""
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -82,33 +87,18 @@ class Priority:
 
 
 @dataclass(frozen=True, slots=True, init=False)
-class RoundRobin:
+class RoundRobin(_QueueList):
     """One job from each queue in turn; a queue with no due work loses its turn."""
 
-    queues: tuple[str, ...]
-
-    def __init__(self, *queues: str) -> None:
-        object.__setattr__(self, "queues", tuple(queues))
-
 
 @dataclass(frozen=True, slots=True, init=False)
-class MaxLen:
+class MaxLen(_QueueList):
     """The queue with the most due jobs; ties to the earlier queue."""
 
-    queues: tuple[str, ...]
-
-    def __init__(self, *queues: str) -> None:
-        object.__setattr__(self, "queues", tuple(queues))
-
 
 @dataclass(frozen=True, slots=True, init=False)
-class MinLen:
+class MinLen(_QueueList):
     """The queue with the fewest due jobs, ignoring queues with none; ties to the earlier queue."""
-
-    queues: tuple[str, ...]
-
-    def __init__(self, *queues: str) -> None:
-        object.__setattr__(self, "queues", tuple(queues))
 
 
 Policy: TypeAlias = Strict | Weighted | Priority | RoundRobin | MaxLen | MinLen

@@ -141,29 +141,18 @@ WHERE locktype = 'advisory' AND objsubid = 2 AND granted
   AND classid::bigint = ANY(%s::bigint[])
 GROUP BY classid
 
--- name: queue_pause
+-- name: queue_set_pause
 WITH changed AS (
     INSERT INTO {queues} AS q (queue, paused, changed_by, changed_at, reason)
-    VALUES (%(queue)s, true, %(actor)s, now(), %(reason)s)
+    VALUES (%(queue)s, %(paused)s, %(actor)s, now(), %(reason)s)
     ON CONFLICT (queue) DO UPDATE
-    SET paused = true, changed_by = excluded.changed_by, changed_at = excluded.changed_at,
-        reason = excluded.reason, updated_at = now()
+    SET paused = excluded.paused, changed_by = excluded.changed_by,
+        changed_at = excluded.changed_at, reason = excluded.reason, updated_at = now()
     RETURNING q.queue
 )
 INSERT INTO {queue_events} (queue, action, actor, reason)
-SELECT queue, 'pause', %(actor)s, %(reason)s FROM changed
-
--- name: queue_resume
-WITH changed AS (
-    INSERT INTO {queues} AS q (queue, paused, changed_by, changed_at, reason)
-    VALUES (%(queue)s, false, %(actor)s, now(), %(reason)s)
-    ON CONFLICT (queue) DO UPDATE
-    SET paused = false, changed_by = excluded.changed_by, changed_at = excluded.changed_at,
-        reason = excluded.reason, updated_at = now()
-    RETURNING q.queue
-)
-INSERT INTO {queue_events} (queue, action, actor, reason)
-SELECT queue, 'resume', %(actor)s, %(reason)s FROM changed
+SELECT queue, CASE WHEN %(paused)s THEN 'pause' ELSE 'resume' END, %(actor)s, %(reason)s
+FROM changed
 
 -- name: queue_set_limit
 WITH changed AS (

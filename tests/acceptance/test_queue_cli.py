@@ -1,34 +1,17 @@
 """``relayer queue pause|resume|limit|status`` as a user runs it: a subprocess."""
 
-import os
 import re
 import subprocess
-import sys
 
 import psycopg
 import pytest
 
 from relayer.settings import StoreSettings
+from tests.integration.dispatch.helpers import relayer_cli
 
 
 def relayer(store: StoreSettings, *arguments: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("RELAYER_") or key.startswith("RELAYER_TEST_")
-    }
-    prefix = f"RELAYER_STORES__{store.name.upper()}__"
-    env[prefix + "DSN"] = store.require_dsn()
-    env[prefix + "TABLE_PREFIX"] = store.table_prefix
-    env[prefix + "LANES"] = str(store.lanes)
-    return subprocess.run(
-        [sys.executable, "-m", "relayer", *arguments],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return relayer_cli(store, *arguments, check=False)
 
 
 def table(stdout: str) -> dict[str, list[str]]:

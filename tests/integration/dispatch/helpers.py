@@ -72,9 +72,16 @@ async def read_line(process: subprocess.Popen[str]) -> str:
     return line.strip()
 
 
-def relayer_cli(store: StoreSettings, *arguments: str) -> subprocess.CompletedProcess[str]:
+def relayer_cli(
+    store: StoreSettings, *arguments: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``python -m relayer ARGUMENTS`` with ``store`` configured through the environment only."""
     prefix = f"RELAYER_STORES__{store.name.upper()}__"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RELAYER_S")}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("RELAYER_") or key.startswith("RELAYER_TEST_")
+    }
     env.update(
         {
             prefix + "DSN": store.require_dsn(),
@@ -88,5 +95,5 @@ def relayer_cli(store: StoreSettings, *arguments: str) -> subprocess.CompletedPr
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=check,
     )

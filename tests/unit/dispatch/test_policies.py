@@ -137,3 +137,4 @@ def test_policies_are_frozen_values() -> None:
     with pytest.raises(AttributeError):
         policy.queues = ("b",)  # type: ignore[misc]
     assert hash(Weighted([("a", 1)])) == hash(Weighted([("a", 1)]))
+    assert Strict("a") != RoundRobin("a") and MaxLen("a") != MinLen("a")
