@@ -121,6 +121,11 @@ class WorkerGroup(Generic[KeyT]):
             self._gates = [None] * len(queues)
 
     @property
+    def clock(self) -> Clock:
+        """The clock due times are read against."""
+        return self._clock
+
+    @property
     def running(self) -> int:
         return sum(self._running)
 
