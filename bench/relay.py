@@ -23,9 +23,8 @@ import psycopg
 from bench.common import machine, postgres, scratch_schema, server_version
 from relayer import Outbox, OutboxMessage, schema
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
-from relayer.sql import queries_for
 from relayer.store import RelayStore
-from relayer.transports.base import OutgoingMessage, Transport
+from relayer.transports.base import Transport
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker
 
@@ -103,7 +102,6 @@ async def relayer_rate(store: StoreSettings, transport: Transport, rows: int) ->
 async def baseline_rate(store: StoreSettings, transport: Transport, rows: int) -> float:
     """The per-row pattern: claim UPDATE + send awaited + fenced DELETE, one row at a time."""
     await fill(store, rows)
-    queries = queries_for(store.names)
     ids = {
         "outbox": f'"{store.db_schema}"."{store.names.table("outbox")}"',
         "leases": f'"{store.db_schema}"."{store.names.table("leases")}"',
@@ -124,12 +122,10 @@ async def baseline_rate(store: StoreSettings, transport: Transport, rows: int) -
                     claimed = await conn.execute(claim, params)  # type: ignore[arg-type]
                     if await claimed.fetchone() is None:
                         continue
-                    message = OutgoingMessage(row.id, row.destination, row.body, row.key)
-                    await (await transport.publish(message))
+                    await (await transport.publish(row.message))
                     await conn.execute(delete, params)  # type: ignore[arg-type]
                     sent += 1
                 await conn.commit()
-    del queries
     return sent / (time.perf_counter() - started)
 
 

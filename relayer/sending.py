@@ -192,7 +192,11 @@ class BatchSender:
                     heapq.heappush(self._ready, following)
                 else:
                     self._waiting_for_ack[index] = following
-            future.add_done_callback(functools.partial(self._settled, index))
+            if future.done():
+                # Already acknowledged (or failed): settle now, without a loop callback.
+                self._settled(index, future)
+            else:
+                future.add_done_callback(functools.partial(self._settled, index))
 
     def _pipelined(self, transport: Transport, row: PendingRow, following: PendingRow) -> bool:
         return (

@@ -97,7 +97,7 @@ class StoreRuntime:
         self.prober = Prober(RelayStore(store), self._connect_autocommit)
         self.pool = AsyncConnectionPool(
             store.require_dsn(),
-            min_size=1,
+            min_size=pool_size,
             max_size=pool_size,
             open=False,
             kwargs={"autocommit": False, "application_name": f"relayer:{store.name}:batch"},
