@@ -34,6 +34,8 @@ test: lint typecheck pytest
 
 bench: $(STAMP)
 	$(BIN)/python bench/writer.py
+	$(BIN)/python bench/relay.py
+	$(BIN)/python bench/dispatch.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 

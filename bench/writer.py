@@ -12,7 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 from psycopg import sql
