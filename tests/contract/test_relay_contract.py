@@ -1,0 +1,62 @@
+"""The relay over every transport: one lane batch with a bad destination in it.
+
+The transport-level suite checks outcomes; this one checks what the protocol makes of them:
+the key sent to the bad destination is parked with the transport's actionable message, and the
+other keys of the same lane reach the consumer, complete and in order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from relayer.relay import LaneRelay, Scan
+from relayer.settings import StoreSettings
+from relayer.transports.base import Transport
+from tests.conftest import apply_schema, make_store
+from tests.contract.brokers import Broker
+from tests.integration.relay.helpers import keys_in_lane, parked, pending, write
+
+
+async def relay_store(dsn: str, transport: Transport) -> StoreSettings:
+    store = make_store(
+        dsn,
+        lanes=4,
+        lease_duration="20s",
+        poll_interval="0.5s",
+        transports={transport.name: {"type": "memory"}},  # the name rows refer to
+        default_transport=transport.name,
+    )
+    await apply_schema(store)
+    return store
+
+
+async def test_a_bad_destination_parks_only_its_key(
+    broker: Broker, transport: Transport, pg_dsn: str
+) -> None:
+    store = await relay_store(pg_dsn, transport)
+    good_destination = await broker.destination()
+    bad_key, *good_keys = keys_in_lane(store, 2, 4)
+    write(store, good_keys, per_key=5, destination=good_destination)
+    write(store, [bad_key], per_key=3, destination=broker.bad_destination())
+    relay = LaneRelay(store, {transport.name: transport}, "member-a")
+    conn: psycopg.AsyncConnection[Any] = await psycopg.AsyncConnection.connect(pg_dsn)
+    try:
+        result = await relay.send_lane(conn, 2)
+    finally:
+        await conn.close()
+    assert result.scan is Scan.SENT
+    assert result.sent == 15
+    reasons = parked(store)
+    assert list(reasons) == [bad_key]
+    attempts, error, _ = reasons[bad_key]
+    assert attempts == 1
+    assert "destination" in error  # says which destination to fix
+    assert pending(store) == 3
+    received = await broker.consume(good_destination, 15)
+    sequences: dict[str, list[int]] = {}
+    for message in received:
+        key, number = message.body.decode().rsplit("#", 1)
+        sequences.setdefault(key, []).append(int(number))
+    assert sequences == {key: [0, 1, 2, 3, 4] for key in good_keys}
