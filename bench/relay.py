@@ -1,13 +1,18 @@
 """Relay throughput: one worker, 64 lanes, 200-byte rows over 10,000 keys.
 
-    python -m bench.relay [--rows 100000] [--baseline-rows 10000] [--transport memory]
+    python bench/relay.py [--rows 100000] [--baseline-rows 10000]
+    python bench/relay.py --transport kafka [--kafka-bootstrap HOST:PORT]
+    python bench/relay.py --transport rabbitmq [--rabbitmq-url URL] [--rows 20000]
 
 Measures, in one run against the same PostgreSQL:
-- relayer: a Worker (default pool and batch size) draining a pre-filled outbox;
-- the per-row baseline the reference relay describes: per lane, in a transaction holding the
-  lane lock, each row gets a conditional claim UPDATE, a sequential send awaited to its
-  acknowledgement, and a fenced DELETE.
-Prints rows/s for both and the ratio. Never asserts on time.
+- relayer: a Worker (default settings) draining a pre-filled outbox through the transport;
+- with ``--transport memory`` (default), the per-row baseline the reference relay describes:
+  per lane, in a transaction holding the lane lock, each row gets a conditional claim UPDATE, a
+  sequential send awaited to its acknowledgement, and a fenced DELETE;
+- with ``--transport kafka|rabbitmq``, the bare producer (confluent-kafka with the same
+  settings, or an aio-pika pipelined publisher with confirms) sending the same messages from
+  memory. Kafka is an embedded tansu broker unless a bootstrap server is given.
+Prints rows/s and the ratio. Never asserts on time.
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ DELETE = (
 )
 
 
-def make_store(dsn: str, schema_name: str) -> StoreSettings:
+def make_store(
+    dsn: str, schema_name: str, transport: dict[str, Any] | None = None
+) -> StoreSettings:
     return store_settings(
         name="bench",
         dsn=dsn,
@@ -58,18 +65,18 @@ def make_store(dsn: str, schema_name: str) -> StoreSettings:
         lanes=LANES,
         poll_interval="0.2s",
         notify=False,
-        transports={"memory": {"type": "memory"}},
-        default_transport="memory",
+        transports={"broker": transport or {"type": "memory"}},
+        default_transport="broker",
     )
 
 
-async def fill(store: StoreSettings, rows: int) -> None:
+async def fill(store: StoreSettings, rows: int, destination: str = "events") -> None:
     outbox = Outbox(store)
     async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
         for start in range(0, rows, 5_000):
             count = min(5_000, rows - start)
             messages = [
-                OutboxMessage("events", BODY, key=f"key-{(start + index) % KEYS}")
+                OutboxMessage(destination, BODY, key=f"key-{(start + index) % KEYS}")
                 for index in range(count)
             ]
             await outbox.write_many_async(conn, messages)
@@ -88,11 +95,13 @@ async def pending(store: StoreSettings) -> int:
     return int(row[0])
 
 
-async def relayer_rate(store: StoreSettings, transport: Transport, rows: int) -> float:
-    await fill(store, rows)
-    worker = Worker(
-        [store], transports={store.name: {"memory": transport}}, settings=WorkerSettings()
-    )
+async def relayer_rate(
+    store: StoreSettings, transport: Transport | None, rows: int, destination: str = "events"
+) -> float:
+    """Rows/s of one Worker draining ``rows`` pre-filled rows (its own transports if None)."""
+    await fill(store, rows, destination)
+    transports = None if transport is None else {store.name: {"broker": transport}}
+    worker = Worker([store], transports=transports, settings=WorkerSettings())
     stop = asyncio.Event()
     started = time.perf_counter()
     task = asyncio.create_task(worker.run(stop))
@@ -134,25 +143,73 @@ async def baseline_rate(store: StoreSettings, transport: Transport, rows: int) -
     return sent / (time.perf_counter() - started)
 
 
+async def memory_run(dsn: str, arguments: argparse.Namespace) -> None:
+    with scratch_schema(dsn, "relay") as schema_name:
+        store = await applied(make_store(dsn, schema_name))
+        transport = MemoryTransport("broker")
+        rate = await relayer_rate(store, transport, arguments.rows)
+        received = len(transport.received("events"))
+        print(
+            f"relayer:  {rate:>10,.0f} rows/s  ({arguments.rows:,} rows, {LANES} lanes, "
+            f"{KEYS:,} keys, batch {store.batch_size}, {received:,} messages received)"
+        )
+        baseline_transport = MemoryTransport("broker")
+        await baseline_transport.start()
+        base = await baseline_rate(store, baseline_transport, arguments.baseline_rows)
+        print(f"baseline: {base:>10,.0f} rows/s  ({arguments.baseline_rows:,} rows, per-row)")
+        print(f"relayer / per-row baseline = {rate / base:.1f}x")
+
+
+async def kafka_run(dsn: str, arguments: argparse.Namespace) -> None:
+    from bench.transport_bare import bare_kafka, create_topic, kafka_cluster, messages
+
+    with kafka_cluster(arguments.kafka_bootstrap) as bootstrap:
+        topic = create_topic(bootstrap)
+        with scratch_schema(dsn, "relay") as schema_name:
+            options = {"type": "kafka", "bootstrap.servers": bootstrap}
+            store = await applied(make_store(dsn, schema_name, options))
+            rate = await relayer_rate(store, None, arguments.rows, topic)
+        print(f"relayer -> Kafka:   {rate:>10,.0f} msg/s  ({arguments.rows:,} rows, {LANES} lanes)")
+        batch = messages(arguments.rows, KEYS, topic)
+        seconds = await asyncio.to_thread(bare_kafka, bootstrap, topic, batch)
+        bare = arguments.rows / seconds
+        print(f"bare confluent-kafka: {bare:>8,.0f} msg/s  (same messages, from memory)")
+        print(f"relayer / bare producer = {rate / bare:.2f}x")
+
+
+async def rabbitmq_run(dsn: str, arguments: argparse.Namespace) -> None:
+    from bench.transport_bare import bare_rabbitmq, messages, with_queue
+
+    url = arguments.rabbitmq_url
+
+    async def relayed(queue: str) -> float:
+        with scratch_schema(dsn, "relay") as schema_name:
+            options = {"type": "rabbitmq", "url": url}
+            store = await applied(make_store(dsn, schema_name, options))
+            return await relayer_rate(store, None, arguments.rows, "/" + queue)
+
+    async def bare_run(queue: str) -> float:
+        seconds = await bare_rabbitmq(url, queue, messages(arguments.rows, KEYS, ""))
+        return arguments.rows / seconds
+
+    rate = await with_queue(url, relayed)
+    print(f"relayer -> RabbitMQ: {rate:>9,.0f} msg/s  ({arguments.rows:,} rows, {LANES} lanes)")
+    bare = await with_queue(url, bare_run)
+    print(f"bare aio-pika publisher: {bare:>5,.0f} msg/s  (pipelined confirms, from memory)")
+    print(f"relayer / bare publisher = {rate / bare:.2f}x")
+
+
+async def applied(store: StoreSettings) -> StoreSettings:
+    async with await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True) as conn:
+        await schema.apply(conn, store)
+    return store
+
+
 async def main_async(arguments: argparse.Namespace) -> None:
     with postgres(arguments.dsn) as dsn:
         print(f"machine: {machine()}; {server_version(dsn)}")
-        with scratch_schema(dsn, "relay") as schema_name:
-            store = make_store(dsn, schema_name)
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                await schema.apply(conn, store)
-            transport = MemoryTransport("memory")
-            rate = await relayer_rate(store, transport, arguments.rows)
-            received = len(transport.received("events"))
-            print(
-                f"relayer:  {rate:>10,.0f} rows/s  ({arguments.rows:,} rows, {LANES} lanes, "
-                f"{KEYS:,} keys, batch {store.batch_size}, {received:,} messages received)"
-            )
-            baseline_transport = MemoryTransport("memory")
-            await baseline_transport.start()
-            base = await baseline_rate(store, baseline_transport, arguments.baseline_rows)
-            print(f"baseline: {base:>10,.0f} rows/s  ({arguments.baseline_rows:,} rows, per-row)")
-            print(f"relayer / per-row baseline = {rate / base:.1f}x")
+        runs = {"memory": memory_run, "kafka": kafka_run, "rabbitmq": rabbitmq_run}
+        await runs[arguments.transport](dsn, arguments)
 
 
 def main() -> None:
@@ -160,6 +217,9 @@ def main() -> None:
     parser.add_argument("--dsn")
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--baseline-rows", type=int, default=10_000)
+    parser.add_argument("--transport", choices=("memory", "kafka", "rabbitmq"), default="memory")
+    parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
+    parser.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
     asyncio.run(main_async(parser.parse_args()))
 
 
