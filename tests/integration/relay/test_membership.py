@@ -1,0 +1,76 @@
+"""Membership on real PostgreSQL: heartbeats, expiry cleanup, release and leave."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from relayer.membership import Membership
+from relayer.settings import StoreSettings
+
+
+def connector(store: StoreSettings) -> Any:
+    async def connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True)
+
+    return connect
+
+
+def member_rows(store: StoreSettings) -> list[str]:
+    with psycopg.connect(store.require_dsn()) as conn:
+        rows = conn.execute(
+            "SELECT owner FROM orders_leases WHERE lane IS NULL ORDER BY owner"
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
+async def test_members_split_lanes_and_expired_members_are_removed(store: StoreSettings) -> None:
+    first = Membership(store, "member-a", connector(store))
+    second = Membership(store, "member-b", connector(store))
+    await first.beat()
+    await second.beat()
+    await first.beat()
+    assert first.members == second.members == ("member-a", "member-b")
+    assert first.lanes | second.lanes == frozenset(range(store.lanes))
+    assert not first.lanes & second.lanes
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
+        conn.execute(
+            "UPDATE orders_leases SET expires_at = now() - interval '1 second' "
+            "WHERE name = 'member:member-b'"
+        )
+    await first.beat()  # b's heartbeat lapsed: a drops its row and takes every lane
+    assert member_rows(store) == ["member-a"]
+    assert first.lanes == frozenset(range(store.lanes))
+    await first.leave()
+    await second.leave()
+
+
+async def test_lanes_outside_the_share_are_released_and_leave_releases_all(
+    store: StoreSettings,
+) -> None:
+    first = Membership(store, "member-a", connector(store))
+    await first.beat()
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
+        conn.execute(
+            "UPDATE orders_leases SET owner = 'member-a', expires_at = now() + interval '1 minute' "
+            "WHERE lane IS NOT NULL"
+        )
+    second = Membership(store, "member-b", connector(store))
+    await second.beat()
+    await first.beat()  # now a's share is half: it releases the other half at once
+    with psycopg.connect(store.require_dsn()) as conn:
+        held = conn.execute(
+            "SELECT lane FROM orders_leases WHERE lane IS NOT NULL AND owner = 'member-a' "
+            "AND expires_at > now()"
+        ).fetchall()
+    assert {row[0] for row in held} == first.lanes
+    await first.leave()
+    with psycopg.connect(store.require_dsn()) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM orders_leases WHERE owner = 'member-a' AND expires_at > now()"
+        ).fetchone()
+    assert left == (0,)
+    assert member_rows(store) == ["member-b"]
+    assert first.lanes == frozenset()
+    await second.leave()
