@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID, uuid4
 
 import psycopg
@@ -30,6 +30,9 @@ from relayer.sending import send_batch
 from relayer.settings import StoreSettings
 from relayer.store import Failure, LaneHead, PendingRow, RelayStore
 from relayer.transports.base import Transport
+
+if TYPE_CHECKING:
+    from relayer.tracing import RelayTracer
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ class ScanResult:
     gave_up: int = 0
     cut_short: bool = False
     detail: str = ""
+    acked: Sequence[UUID] = ()  # ids deleted by this batch, ascending (for latency metrics)
 
 
 class Prober:
@@ -128,13 +132,16 @@ class LaneRelay:
         destinations: DestinationCache | None = None,
         clock: Callable[[], float] = time.monotonic,
         observer: Callable[[int, bool], None] | None = None,
+        tracer: RelayTracer | None = None,
     ) -> None:
         self.store = store
         # Told (lane, True) once a lane's lock is taken and (lane, False) when its transaction
         # ended: the window in which this member may send the lane (tests and metrics use it).
         self.observer = observer
         self.db = RelayStore(store)
-        self.transports = dict(transports)
+        # None unless OpenTelemetry is configured: then a span per batch and per sampled send.
+        self.tracer = tracer
+        self.transports = dict(transports) if tracer is None else tracer.wrap(transports)
         self.member = member
         self.destinations = destinations or DestinationCache()
         self.clock = clock
@@ -177,6 +184,14 @@ class LaneRelay:
     async def send_lane(self, conn: psycopg.AsyncConnection[Any], lane: int) -> ScanResult:
         """One batch of ``lane`` on ``conn`` (not in autocommit mode). Never raises for database
         or broker trouble: the result says what happened and when to scan again."""
+        if self.tracer is None:
+            return await self._send_lane(conn, lane)
+        with self.tracer.batch(self.store.name, lane) as span:
+            result = await self._send_lane(conn, lane)
+            span.finish(result)
+            return result
+
+    async def _send_lane(self, conn: psycopg.AsyncConnection[Any], lane: int) -> ScanResult:
         started = self.clock()
         try:
             async with asyncio.timeout(self.batch_deadline):
@@ -260,6 +275,7 @@ class LaneRelay:
             sent=outcomes.deleted,
             failed=outcomes.failed,
             gave_up=outcomes.gave_up,
+            acked=acked,
             cut_short=report.cut_short,
             detail=report.unavailable or "",
         )

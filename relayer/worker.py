@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +40,12 @@ from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
 from relayer.errors import ConfigurationError
 from relayer.membership import Membership, new_instance_id
+from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
 from relayer.redact import redact
 from relayer.relay import LaneRelay, Prober, Scan, ScanResult
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store import RelayStore
+from relayer.tracing import RelayTracer, relay_tracer
 from relayer.transports.base import Transport
 
 logger = logging.getLogger(__name__)
@@ -60,6 +63,9 @@ class StoreStats:
     scans: int = 0
     by_scan: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
+    # Updated once per batch, exported by relayer.metrics when Prometheus scrapes.
+    batch_seconds: Histogram = field(default_factory=batch_duration_histogram)
+    write_to_ack_seconds: Histogram = field(default_factory=write_to_ack_histogram)
 
     def record(self, result: ScanResult) -> None:
         self.scans += 1
@@ -69,6 +75,8 @@ class StoreStats:
             self.sent += result.sent
             self.failed += result.failed
             self.gave_up += result.gave_up
+            if result.acked:
+                self.write_to_ack_seconds.observe_ages(result.acked, time.time_ns() // 1_000_000)
         elif result.scan in (Scan.FAILED, Scan.UNAVAILABLE):
             self.rollbacks += 1
             self.last_error = result.detail
@@ -84,13 +92,17 @@ class StoreRuntime:
         member: str,
         pool_size: int,
         now: Callable[[], float],
+        *,
+        tracer: RelayTracer | None = None,
     ) -> None:
         self.store = store
         self.member = member
         self.transports = dict(transports)
         self.now = now
         self.queue: MemoryQueue[int] = MemoryQueue(store.name)
-        self.relay = LaneRelay(store, self.transports, member, destinations=DestinationCache())
+        self.relay = LaneRelay(
+            store, self.transports, member, destinations=DestinationCache(), tracer=tracer
+        )
         self.membership = Membership(
             store, member, self._connect_autocommit, on_change=self._lanes_changed
         )
@@ -134,7 +146,9 @@ class StoreRuntime:
         result = self.relay.after_probe(head)
         if result is None:
             async with self.pool.connection() as conn:
+                started = time.perf_counter()
                 result = await self.relay.send_lane(conn, lane)
+                self.stats.batch_seconds.observe(time.perf_counter() - started)
         self.stats.record(result)
         if result.scan is Scan.SENT and result.sent:
             logger.debug(
@@ -203,9 +217,12 @@ class Worker:
         settings: WorkerSettings | None = None,
         instance_id: str | None = None,
         cluster_state: ClusterState | None = None,
+        tracer_provider: Any | None = None,
     ) -> None:
         """``cluster_state`` defaults to each store's PostgreSQL queue state (pause and
-        concurrency limits set with ``relayer queue``), one dispatcher connection per store."""
+        concurrency limits set with ``relayer queue``), one dispatcher connection per store.
+        ``tracer_provider`` (an OpenTelemetry SDK TracerProvider) defaults to the global one;
+        without a configured provider the worker does no tracing work (relayer.tracing)."""
         names = [store.name for store in stores]
         if not names:
             raise ConfigurationError("stores", names, "a worker needs at least one store")
@@ -220,6 +237,7 @@ class Worker:
         self.member = instance_id or new_instance_id()
         self.clock = MonotonicClock()
         built = transports if transports is not None else _build_transports(stores)
+        tracer = relay_tracer(tracer_provider)
         self.runtimes: dict[str, StoreRuntime] = {
             store.name: StoreRuntime(
                 store,
@@ -227,6 +245,7 @@ class Worker:
                 self.member,
                 self.settings.pool_size,
                 self.clock.now,
+                tracer=tracer,
             )
             for store in stores
         }

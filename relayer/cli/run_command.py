@@ -21,6 +21,25 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("stores", nargs="+", metavar="STORE", help="stores to serve")
     parser.add_argument("--instance-id", help="member id (default: host:pid:random)")
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs the 'metrics' extra)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",  # a scrape target must be reachable by Prometheus
+        metavar="HOST",
+        help="address the metrics endpoint binds (default: 0.0.0.0)",
+    )
+    parser.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the pending-rows gauges are re-read from the store (default: 5)",
+    )
     parser.set_defaults(handler=_run)
 
 
@@ -30,6 +49,7 @@ async def _run(context: Context) -> int:
         stores, settings=context.settings.worker, instance_id=context.arguments.instance_id
     )
     stop = asyncio.Event()
+    metrics = await _serve_metrics(worker, context.arguments, stop)
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT)
 
@@ -48,6 +68,33 @@ async def _run(context: Context) -> int:
     try:
         await worker.run(stop)
     finally:
+        stop.set()
+        if metrics is not None:
+            await metrics
         for signum in signals:
             loop.remove_signal_handler(signum)
     return EXIT_OK
+
+
+async def _serve_metrics(
+    worker: Worker, arguments: argparse.Namespace, stop: asyncio.Event
+) -> asyncio.Task[None] | None:
+    """With --metrics-port: bind the endpoint now (a taken port fails start-up), refresh
+    the backlog gauges until ``stop``."""
+    if arguments.metrics_port is None:
+        return None
+    from relayer.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics(worker, interval=arguments.metrics_interval)
+    await metrics.serve(arguments.metrics_host, arguments.metrics_port)
+    return asyncio.create_task(metrics.run(stop))
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
+    return port
