@@ -3,32 +3,63 @@
 Library modules only call ``logging.getLogger(__name__)`` with lazy arguments and structured
 extras; only the CLI (or the embedding application) configures handlers. The structured fields
 are a small vocabulary: ``action``, ``store``, ``lane``, ``batch``, ``member``, ``queue``,
-``key``, ``rows``, ``error``.
+``key``, ``rows``, ``error``; docs/observability.md lists every ``action`` value. An embedding
+application can reuse ``RedactingFilter`` and ``JsonFormatter`` on its own handlers.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from relayer.redact import redact
+from relayer.redact import MASK, is_secret_name, redact
 
 FIELDS = ("action", "store", "lane", "batch", "member", "queue", "key", "rows", "error")
 
+# A quoted name and a quoted value, as in a dict repr, JSON or a tuple: 'sasl.password': 'x'.
+_QUOTED_PAIR = re.compile(
+    r"""(?P<head>(?P<q>['"])(?P<name>[^'"\n]{1,100})(?P=q)\s*[:,=]\s*)"""
+    r"""(?P<secret>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")"""
+)
+# name: value, as in YAML-ish text or an exception message ("password: hunter2").
+_COLON_PAIR = re.compile(
+    r"(?P<head>\b(?:password|passwd|secret|token|api[_-]?key)\s*:\s*)(?P<secret>[^\s,;'\"]+)",
+    re.IGNORECASE,
+)
+
+
+def scrub(text: str) -> str:
+    """``redact`` plus the shapes a log line adds: quoted name/value pairs of secret-named
+    settings and ``password: value``."""
+
+    def quoted(match: re.Match[str]) -> str:
+        if not is_secret_name(match["name"]):
+            return match[0]
+        quote = match["secret"][0]
+        return f"{match['head']}{quote}{MASK}{quote}"
+
+    text = _QUOTED_PAIR.sub(quoted, redact(text))
+    return _COLON_PAIR.sub(lambda m: m["head"] + MASK, text)
+
 
 class RedactingFilter(logging.Filter):
-    """Renders the message once and removes anything password-like from it."""
+    """Renders the message once and removes anything password-like from it and its fields."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact(record.getMessage())
+        record.msg = scrub(record.getMessage())
         record.args = None
         for name in FIELDS:
             value = getattr(record, name, None)
             if isinstance(value, str):
-                setattr(record, name, redact(value))
+                setattr(record, name, scrub(value))
+            elif value is not None and not isinstance(value, int | float):
+                setattr(record, name, scrub(str(value)))  # an exception or a mapping
+        if record.stack_info:
+            record.stack_info = scrub(record.stack_info)
         return True
 
 
@@ -47,8 +78,8 @@ class JsonFormatter(logging.Formatter):
             if value is not None:
                 entry[name] = value
         if record.exc_info:
-            entry["exception"] = redact(self.formatException(record.exc_info))
-        return json.dumps(entry, default=str)
+            entry["exception"] = scrub(self.formatException(record.exc_info))
+        return json.dumps(entry, default=lambda value: scrub(str(value)))
 
 
 class TextFormatter(logging.Formatter):
@@ -65,7 +96,7 @@ class TextFormatter(logging.Formatter):
         return f"{text} [{' '.join(fields)}]" if fields else text
 
     def formatException(self, ei: Any) -> str:
-        return redact(super().formatException(ei))
+        return scrub(super().formatException(ei))
 
 
 def configure(level: str = "INFO", log_format: str = "text") -> None:

@@ -117,7 +117,9 @@ class Prober:
 
 def _log_unexpected(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
-        logger.error("probe failed unexpectedly", exc_info=task.exception())
+        logger.error(
+            "probe failed unexpectedly", exc_info=task.exception(), extra={"action": "probe_failed"}
+        )
 
 
 class LaneRelay:

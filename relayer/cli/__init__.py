@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from collections.abc import Sequence
 
@@ -23,8 +24,7 @@ from relayer.cli import (
 )
 from relayer.cli.common import EXIT_RUNTIME, EXIT_USAGE, Context
 from relayer.errors import ConfigurationError, RelayerError, UsageError
-from relayer.logs import configure
-from relayer.redact import redact
+from relayer.logs import configure, scrub
 
 COMMANDS = (
     schema_command,
@@ -65,13 +65,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = asyncio.run(arguments.handler(context))
         return status
     except (ConfigurationError, UsageError) as exc:
-        print(f"relayer: error: {redact(str(exc))}", file=sys.stderr)
+        print(f"relayer: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except RelayerError as exc:
-        print(f"relayer: {redact(str(exc))}", file=sys.stderr)
+        print(f"relayer: {_one_line(exc)}", file=sys.stderr)
         return EXIT_RUNTIME
     except KeyboardInterrupt:
         return 130
+
+
+def _one_line(exc: Exception) -> str:
+    """The error for stderr: secrets masked, and one line even when a driver's message (such
+    as libpq's "is the server running" hint) spans several."""
+    return re.sub(r"\s*\n\s*", "; ", scrub(str(exc)).strip())
 
 
 def run() -> None:
