@@ -25,6 +25,8 @@ TABLE_SUFFIXES: dict[str, str] = {
     "queues": "queues",
     "queue_events": "queue_events",
     "inbox": "inbox",
+    "inbox_keys": "inbox_keys",
+    "sequences": "sequences",
 }
 # Every index relayer creates, by role. Counted in the length rule, since a truncated index name
 # would make `schema check` report drift forever.
@@ -35,6 +37,8 @@ INDEX_SUFFIXES: dict[str, str] = {
     "leases_lane": "leases_lane",
     "queue_events_queue": "queue_events_q",
     "inbox_received": "inbox_received",
+    "inbox_keys_updated": "inbox_keys_upd",
+    "sequences_updated": "sequences_upd",
 }
 LONGEST_SUFFIX = max((*TABLE_SUFFIXES.values(), *INDEX_SUFFIXES.values()), key=len)
 

@@ -50,12 +50,12 @@ _RANGES = {
     "max_body_bytes": (1, 1024 * 1024 * 1024),
 }
 
-_DURATION = re.compile(r"\s*(?P<number>-?\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h)?\s*")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"\s*(?P<number>-?\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?\s*")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def _parse_duration(value: object) -> object:
-    """Accept seconds as a number, ``"250ms"``/``"30s"``/``"5m"``/``"1h"``, or ISO 8601."""
+    """Accept seconds as a number, ``"250ms"``/``"30s"``/``"5m"``/``"1h"``/``"7d"``, or ISO 8601."""
     if isinstance(value, str):
         match = _DURATION.fullmatch(value)
         if match:
@@ -64,12 +64,27 @@ def _parse_duration(value: object) -> object:
         if not value.strip().lstrip("-").startswith("P"):
             raise ValueError(
                 "must be a duration: seconds as a number, a number with a unit "
-                "('250ms', '30s', '5m', '1h') or ISO 8601 ('PT30S')"
+                "('250ms', '30s', '5m', '1h', '7d') or ISO 8601 ('PT30S')"
             )
     return value
 
 
 Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+
+_OFF = ("off", "none", "never")
+
+
+def _parse_optional_duration(value: object) -> object:
+    """A duration, or ``"off"`` (also ``"none"``, ``"never"`` or None) for a disabled feature."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in _OFF):
+        return None
+    return _parse_duration(value)
+
+
+OptionalDuration = Annotated[timedelta | None, BeforeValidator(_parse_optional_duration)]
+# Destructive retentions (dropping parked keys, forgetting sequence counters) below this are
+# refused: a typo such as '30s' for '30d' must not delete what an operator still needs.
+MIN_DESTRUCTIVE_RETENTION = timedelta(hours=1)
 
 
 class TransportSettings(BaseModel):
@@ -112,6 +127,15 @@ class StoreSettings(BaseModel):
     notify: bool = True
     default_transport: str | None = None
     transports: dict[str, TransportSettings] = Field(default_factory=dict)
+    # Unordered rows and maintenance (docs/unordered.md, docs/operations.md).
+    unordered_grace: Duration = timedelta(seconds=30)
+    maintenance_interval: Duration = timedelta(seconds=5)
+    cleanup_interval: Duration = timedelta(minutes=1)
+    parked_retention: OptionalDuration = None
+    # The consumer inbox and per-key sequence numbers (docs/inbox.md).
+    inbox_retention: OptionalDuration = timedelta(days=7)
+    sequence_numbers: bool = False
+    sequence_retention: OptionalDuration = None
 
     @field_validator("name")
     @classmethod
@@ -153,6 +177,37 @@ class StoreSettings(BaseModel):
     def _check_positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):
             raise ValueError("must be greater than 0")
+        return value
+
+    @field_validator("unordered_grace")
+    @classmethod
+    def _check_grace(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) <= value <= timedelta(days=1):
+            raise ValueError("must be from 0 seconds to 1 day")
+        return value
+
+    @field_validator("maintenance_interval", "cleanup_interval")
+    @classmethod
+    def _check_interval(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) < value <= timedelta(days=1):
+            raise ValueError("must be greater than 0 and at most 1 day")
+        return value
+
+    @field_validator("inbox_retention")
+    @classmethod
+    def _check_inbox_retention(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError("must be greater than 0, or 'off' to keep inbox entries forever")
+        return value
+
+    @field_validator("parked_retention", "sequence_retention")
+    @classmethod
+    def _check_destructive_retention(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value < MIN_DESTRUCTIVE_RETENTION:
+            raise ValueError(
+                "must be at least 1 hour (it deletes data an operator may still need), "
+                "or 'off' (the default)"
+            )
         return value
 
     @model_validator(mode="after")

@@ -39,6 +39,7 @@ from relayer.dispatch import (
 from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
 from relayer.errors import ConfigurationError
+from relayer.maintenance import Maintenance, maintenance_queue
 from relayer.membership import Membership, new_instance_id
 from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
 from relayer.redact import redact
@@ -114,6 +115,10 @@ class StoreRuntime:
             open=False,
             kwargs={"autocommit": False, "application_name": f"relayer:{store.name}:batch"},
             name=f"relayer-{store.name}",
+        )
+        # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
+        self.maintenance = Maintenance(
+            store, self.transports, self.pool, now, leader=lambda: 0 in self.membership.lanes
         )
         self.stats = StoreStats()
 
@@ -199,6 +204,7 @@ class StoreRuntime:
             await RelayStore(self.store).ensure_lane_rows(conn)
         await self.pool.open(wait=True, timeout=30)
         await self.membership.beat()
+        self.maintenance.start()
 
     async def close(self) -> None:
         await self.membership.leave()
@@ -251,10 +257,21 @@ class Worker:
         }
         self._gates = [] if cluster_state is not None else [PostgresClusterState(s) for s in stores]
         if cluster_state is None:
-            cluster_state = RoutedClusterState({gate.store.name: gate for gate in self._gates})
+            cluster_state = RoutedClusterState(
+                {
+                    queue: gate
+                    for gate in self._gates
+                    for queue in (gate.store.name, maintenance_queue(gate.store.name))
+                }
+            )
+        self._maintenance = {
+            runtime.maintenance.queue.name: runtime.maintenance
+            for runtime in self.runtimes.values()
+        }
         self.group: WorkerGroup[int] = WorkerGroup(
             self._policy(names),
-            [runtime.queue for runtime in self.runtimes.values()],
+            [runtime.queue for runtime in self.runtimes.values()]
+            + [maintenance.queue for maintenance in self._maintenance.values()],
             self._handle,
             pool_size=self.settings.pool_size,
             cluster_state=cluster_state,
@@ -264,12 +281,21 @@ class Worker:
         self.started = asyncio.Event()
 
     def _policy(self, names: Sequence[str]) -> Strict | Weighted:
+        # Maintenance queues hold at most one job per task, so they can never take more than
+        # a few slots: weight 1 (Weighted), or first in line (Strict, so that lanes that are
+        # always busy cannot starve the recovery of unordered rows).
+        maintenance = [maintenance_queue(name) for name in names]
         if self.settings.policy == "strict":
             order = [name for name in self.settings.weights if name in names]
-            return Strict(*order, *[name for name in names if name not in order])
-        return Weighted([(name, self.settings.weights.get(name, 1)) for name in names])
+            return Strict(*maintenance, *order, *[name for name in names if name not in order])
+        weights = [(name, self.settings.weights.get(name, 1)) for name in names]
+        return Weighted(weights + [(queue, 1) for queue in maintenance])
 
     async def _handle(self, job: Job[int]) -> None:
+        maintenance = self._maintenance.get(job.queue)
+        if maintenance is not None:
+            await maintenance.run(job.key)
+            return
         await self.runtimes[job.queue].scan(job.key)
 
     @property
@@ -321,7 +347,12 @@ class Worker:
                 try:
                     await transport.close()
                 except Exception as exc:
-                    logger.warning("closing transport %s failed: %s", transport.name, exc)
+                    logger.warning(
+                        "closing transport %s failed: %s",
+                        transport.name,
+                        exc,
+                        extra={"action": "transport_close_failed"},
+                    )
             logger.info("worker %s stopped", self.member, extra={"action": "stop"})
 
 

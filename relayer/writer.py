@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,20 +18,24 @@ from uuid import UUID
 
 import psycopg
 from psycopg.adapt import Dumper, PyFormat
-from psycopg.pq import Format, TransactionStatus
+from psycopg.pq import Format
 
-from relayer.errors import InvalidMessageError, UsageError
+from relayer.errors import InvalidMessageError
 from relayer.ids import uuid7, uuid7_block
 from relayer.lanes import lane_for
 from relayer.schema import StoreMeta, verify_meta
+from relayer.sequences import SEQUENCE_HEADER, reserve_async, reserve_sync, stamped_json
 from relayer.settings import RelayerSettings, StoreSettings
 from relayer.sql import queries_for
+from relayer.transactions import async_connection, require_transaction, sync_connection
 
 MAX_KEY_BYTES = 1024
 MAX_DESTINATION_BYTES = 1024
 MAX_HEADERS_BYTES = 64 * 1024
 MAX_TRANSPORT_NAME = 128
 _COPY_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb", "timestamptz")
+_SYNC_NAMES = "write / write_many"
+_ASYNC_NAMES = "write_async / write_many_async"
 
 
 class EncodedJson:
@@ -105,8 +109,12 @@ class Outbox:
         self._queries = queries_for(store.names)
         self._channel = store.names.notify_channel
         self._insert = self._queries["insert_message_notify" if store.notify else "insert_message"]
+        self._reserve = self._queries["reserve_sequences"]
         self._meta: StoreMeta | None = None
         self._meta_lock = threading.Lock()
+        # Told (conn, ids) after unordered rows were inserted through conn, so that an
+        # after-commit dispatcher (relayer.unordered) can send them once the transaction commits.
+        self.on_unordered: Callable[[Any, list[UUID]], None] | None = None
 
     @classmethod
     def from_settings(cls, settings: RelayerSettings, store: str) -> Outbox:
@@ -181,6 +189,9 @@ class Outbox:
         return name
 
     def _prepare_all(self, messages: Iterable[OutboxMessage]) -> list[Row]:
+        return _with_ids(self._validate_all(messages))
+
+    def _validate_all(self, messages: Iterable[OutboxMessage]) -> list[Fields]:
         validated: list[Fields] = []
         for index, message in enumerate(messages):
             if not isinstance(message, OutboxMessage):
@@ -193,8 +204,28 @@ class Outbox:
                 raise InvalidMessageError(
                     f"messages[{index}].{exc.field}", exc.value, exc.rule
                 ) from None
-        ids = uuid7_block(len(validated))
-        return [(message_id, *fields) for message_id, fields in zip(ids, validated, strict=True)]
+        return validated
+
+    def _stamp(self, validated: list[Fields], first: Mapping[str, int]) -> list[Fields]:
+        """Add each keyed row's sequence number header, numbering a key's rows in order."""
+        following = dict(first)
+        stamped: list[Fields] = []
+        for fields in validated:
+            lane, key, transport, destination, body, headers, deliver_at = fields
+            if key is None:
+                stamped.append(fields)
+                continue
+            number = following[key]
+            following[key] = number + 1
+            headers = EncodedJson(stamped_json(headers.data, number))
+            stamped.append((lane, key, transport, destination, body, headers, deliver_at))
+        return stamped
+
+    def _remember_unordered(self, conn: Any, rows: Sequence[Row]) -> None:
+        if self.on_unordered is not None:
+            ids = [row[0] for row in rows if row[2] is None]
+            if ids:
+                self.on_unordered(conn, ids)
 
     # -- sync ------------------------------------------------------------------------------
 
@@ -210,20 +241,30 @@ class Outbox:
         deliver_at: datetime | None = None,
     ) -> UUID:
         """Insert one message in ``conn``'s current transaction and return its id."""
-        row = self.prepare(OutboxMessage(destination, body, key, headers, transport, deliver_at))
-        connection = _sync_connection(conn)
+        fields = self._validate(
+            OutboxMessage(destination, body, key, headers, transport, deliver_at)
+        )
+        connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         self._verify_sync(connection)
+        if self.store.sequence_numbers and fields[1] is not None:
+            fields = self._stamp([fields], reserve_sync(connection, self._reserve, [fields[1]]))[0]
+        row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
         params: Sequence[object] = (*row, self._channel) if self.store.notify else row
         connection.execute(self._insert, params)
+        self._remember_unordered(conn, [row])
         return row[0]
 
     def write_many(self, conn: Any, messages: Iterable[OutboxMessage]) -> list[UUID]:
         """Insert many messages with one COPY in ``conn``'s current transaction; all or none."""
-        rows = self._prepare_all(messages)
-        if not rows:
+        validated = self._validate_all(messages)
+        if not validated:
             return []
-        connection = _sync_connection(conn)
+        connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         self._verify_sync(connection)
+        if self.store.sequence_numbers:
+            keys = [fields[1] for fields in validated]
+            validated = self._stamp(validated, reserve_sync(connection, self._reserve, keys))
+        rows = _with_ids(validated)
         with connection.cursor() as cursor:
             with cursor.copy(self._queries["copy_messages"]) as copy:
                 copy.set_types(_COPY_TYPES)
@@ -231,10 +272,11 @@ class Outbox:
                     copy.write_row(row)
             if self.store.notify:
                 cursor.execute(self._queries["notify"], (self._channel,))
+        self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
 
     def _verify_sync(self, connection: psycopg.Connection[Any]) -> None:
-        _require_transaction(connection.autocommit, connection.info.transaction_status)
+        require_transaction(connection, "outbox row")
         _ensure_json_dumpers(connection.adapters)
         if self._meta is not None:
             return
@@ -261,20 +303,31 @@ class Outbox:
         deliver_at: datetime | None = None,
     ) -> UUID:
         """Insert one message in ``conn``'s current transaction and return its id."""
-        row = self.prepare(OutboxMessage(destination, body, key, headers, transport, deliver_at))
-        connection = await _async_connection(conn)
+        fields = self._validate(
+            OutboxMessage(destination, body, key, headers, transport, deliver_at)
+        )
+        connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         await self._verify_async(connection)
+        if self.store.sequence_numbers and fields[1] is not None:
+            first = await reserve_async(connection, self._reserve, [fields[1]])
+            fields = self._stamp([fields], first)[0]
+        row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
         params: Sequence[object] = (*row, self._channel) if self.store.notify else row
         await connection.execute(self._insert, params)
+        self._remember_unordered(conn, [row])
         return row[0]
 
     async def write_many_async(self, conn: Any, messages: Iterable[OutboxMessage]) -> list[UUID]:
         """Insert many messages with one COPY in ``conn``'s current transaction; all or none."""
-        rows = self._prepare_all(messages)
-        if not rows:
+        validated = self._validate_all(messages)
+        if not validated:
             return []
-        connection = await _async_connection(conn)
+        connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         await self._verify_async(connection)
+        if self.store.sequence_numbers:
+            keys = [fields[1] for fields in validated]
+            validated = self._stamp(validated, await reserve_async(connection, self._reserve, keys))
+        rows = _with_ids(validated)
         async with connection.cursor() as cursor:
             async with cursor.copy(self._queries["copy_messages"]) as copy:
                 copy.set_types(_COPY_TYPES)
@@ -282,10 +335,11 @@ class Outbox:
                     await copy.write_row(row)
             if self.store.notify:
                 await cursor.execute(self._queries["notify"], (self._channel,))
+        self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
 
     async def _verify_async(self, connection: psycopg.AsyncConnection[Any]) -> None:
-        _require_transaction(connection.autocommit, connection.info.transaction_status)
+        require_transaction(connection, "outbox row")
         _ensure_json_dumpers(connection.adapters)
         if self._meta is not None:
             return
@@ -307,13 +361,9 @@ def _regclass(store: StoreSettings) -> str:
     return f'"{store.db_schema}"."{store.names.table("meta")}"'
 
 
-def _require_transaction(autocommit: bool, status: TransactionStatus) -> None:
-    if autocommit and status == TransactionStatus.IDLE:
-        raise UsageError(
-            "the connection is in autocommit mode outside a transaction, so the outbox row "
-            "would not share a transaction with your business data; write inside "
-            "`with conn.transaction():` or use a connection with autocommit off"
-        )
+def _with_ids(validated: list[Fields]) -> list[Row]:
+    ids = uuid7_block(len(validated))
+    return [(message_id, *fields) for message_id, fields in zip(ids, validated, strict=True)]
 
 
 def _text(field_name: str, value: object, limit: int) -> str:
@@ -343,6 +393,12 @@ def _headers(headers: Mapping[str, str] | None) -> EncodedJson:
     for name, value in headers.items():
         if not isinstance(name, str) or not name:
             raise InvalidMessageError("headers", name, "header names must be non-empty str")
+        if name == SEQUENCE_HEADER:
+            raise InvalidMessageError(
+                f"headers[{name!r}]",
+                value,
+                "is reserved: relayer stamps it when the store sets sequence_numbers = true",
+            )
         if not isinstance(value, str):
             raise InvalidMessageError(
                 f"headers[{name!r}]", _preview(value), f"must be str, not {type(value).__name__}"
@@ -362,67 +418,3 @@ def _headers(headers: Mapping[str, str] | None) -> EncodedJson:
 def _preview(value: object) -> object:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _sync_connection(conn: Any) -> psycopg.Connection[Any]:
-    if isinstance(conn, psycopg.Connection):
-        return conn
-    if isinstance(conn, psycopg.AsyncConnection):
-        raise UsageError("an async psycopg connection needs write_async / write_many_async")
-    module = type(conn).__module__
-    if module.startswith("sqlalchemy"):
-        from sqlalchemy.engine import Connection
-        from sqlalchemy.orm import Session
-
-        if isinstance(conn, Session):
-            conn = conn.connection()
-        if isinstance(conn, Connection):
-            driver = conn.connection.driver_connection
-            if isinstance(driver, psycopg.Connection):
-                return driver
-            raise _driver_error(conn.dialect.driver)
-        raise UsageError(
-            f"{type(conn).__name__} needs write_async / write_many_async"
-            if "asyncio" in module
-            else f"cannot write through an SQLAlchemy {type(conn).__name__}; pass a Session "
-            "or a Connection"
-        )
-    raise UsageError(
-        f"cannot write through a {type(conn).__module__}.{type(conn).__name__}; pass a psycopg "
-        "connection or an SQLAlchemy Session/Connection (psycopg driver)"
-    )
-
-
-async def _async_connection(conn: Any) -> psycopg.AsyncConnection[Any]:
-    if isinstance(conn, psycopg.AsyncConnection):
-        return conn
-    if isinstance(conn, psycopg.Connection):
-        raise UsageError("a sync psycopg connection needs write / write_many")
-    module = type(conn).__module__
-    if module.startswith("sqlalchemy"):
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-
-        if isinstance(conn, AsyncSession):
-            conn = await conn.connection()
-        if isinstance(conn, AsyncConnection):
-            raw = await conn.get_raw_connection()
-            driver = raw.driver_connection
-            if isinstance(driver, psycopg.AsyncConnection):
-                return driver
-            raise _driver_error(conn.dialect.driver)
-        raise UsageError(
-            f"an SQLAlchemy {type(conn).__name__} needs write / write_many"
-            if "asyncio" not in module
-            else f"cannot write through an SQLAlchemy {type(conn).__name__}"
-        )
-    raise UsageError(
-        f"cannot write through a {type(conn).__module__}.{type(conn).__name__}; pass a psycopg "
-        "AsyncConnection or an SQLAlchemy AsyncSession/AsyncConnection (psycopg driver)"
-    )
-
-
-def _driver_error(driver: str) -> UsageError:
-    return UsageError(
-        f"relayer joins SQLAlchemy transactions through the psycopg driver, but this engine uses "
-        f"{driver!r}; create it with a postgresql+psycopg:// URL"
-    )

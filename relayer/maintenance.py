@@ -1,0 +1,253 @@
+"""Maintenance of a store, as jobs of the worker's dispatch group.
+
+Each store a worker serves gets a second queue, ``<store>:maintenance``, next to its lane-scan
+queue, with one job per :class:`Task`, rescheduled after each run:
+
+- ``RECOVER_UNORDERED`` (every worker): send unordered rows the application did not send within
+  ``unordered_grace`` (``relayer.unordered``); again at once after a full batch, otherwise after
+  ``maintenance_interval``. Several workers recover in parallel: claims skip each other's rows.
+- ``CLEANUP`` (only the worker that owns lane 0, so one per cluster): apply the retention
+  settings (``cleanup``), then check the table health and log what needs attention; every
+  ``cleanup_interval``.
+
+Neither task touches a lane lease, so lanes never wait for maintenance and maintenance never
+waits for a lane (parked-key retention excepted: it locks the key's lane like ``relayer parked
+drop``, waiting at most for one batch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import IntEnum
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from relayer.dispatch import MemoryQueue
+from relayer.health import read_health
+from relayer.lanes import fnv1a_32
+from relayer.redact import redact
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+from relayer.transports.base import Transport
+from relayer.unordered import UnorderedSender
+
+logger = logging.getLogger(__name__)
+
+MAINTENANCE_QUEUE_SUFFIX = ":maintenance"
+# Rows deleted per retention statement, and statements per table and pass: a long backlog is
+# worked off over several passes instead of holding a slot for minutes.
+CLEANUP_BATCH = 5_000
+CLEANUP_ROUNDS = 40
+
+
+class Task(IntEnum):
+    """A maintenance job; the key of its job in the store's maintenance queue."""
+
+    RECOVER_UNORDERED = 0
+    CLEANUP = 1
+
+
+def maintenance_queue(store: str) -> str:
+    """The dispatch queue of ``store``'s maintenance jobs (pause it with ``relayer queue``)."""
+    return store + MAINTENANCE_QUEUE_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupReport:
+    """Rows each retention deleted in one pass; ``skipped`` if another worker held the pass."""
+
+    inbox: int = 0
+    inbox_keys: int = 0
+    sequences: int = 0
+    parked_keys: int = 0
+    parked_rows: int = 0
+    skipped: bool = False
+    complete: bool = True  # False when a table had more to delete than one pass takes
+
+
+async def cleanup(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> CleanupReport:
+    """Apply ``store``'s retention settings once: inbox entries and key states older than
+    ``inbox_retention``, sequence counters idle longer than ``sequence_retention`` (off by
+    default) and keys that waited for an operator longer than ``parked_retention`` (off by
+    default; each dropped key is logged). Safe to run from several processes at once.
+
+    Consumers whose database has no relayer worker call this themselves, now and then.
+    """
+    queries = queries_for(store.names)
+    lock = _task_lock_key(store, Task.CLEANUP)
+    counts: dict[str, int] = {}
+    complete = True
+    plan = [
+        ("inbox", "inbox_expire", store.inbox_retention),
+        ("inbox_keys", "inbox_keys_expire", store.inbox_retention),
+        ("sequences", "sequences_expire", store.sequence_retention),
+    ]
+    for name, query, retention in plan:
+        counts[name] = 0
+        if retention is None:
+            continue
+        for _ in range(CLEANUP_ROUNDS):
+            async with conn.transaction():
+                cursor = await conn.execute(queries["maintenance_try_lock"], {"key": lock})
+                locked = await cursor.fetchone()
+                if not (locked and locked[0]):
+                    return CleanupReport(skipped=True)
+                cursor = await conn.execute(
+                    queries[query], {"retention": retention, "limit": CLEANUP_BATCH}
+                )
+            counts[name] += cursor.rowcount
+            if cursor.rowcount < CLEANUP_BATCH:
+                break
+        else:
+            complete = False
+    keys, rows = 0, 0
+    if store.parked_retention is not None:
+        keys, rows = await _drop_expired_parked(conn, store, store.parked_retention)
+    return CleanupReport(
+        counts["inbox"], counts["inbox_keys"], counts["sequences"], keys, rows, False, complete
+    )
+
+
+async def _drop_expired_parked(
+    conn: psycopg.AsyncConnection[Any], store: StoreSettings, retention: timedelta
+) -> tuple[int, int]:
+    queries = queries_for(store.names)
+    params = {"retention": retention, "limit": CLEANUP_BATCH}
+    async with conn.transaction():
+        cursor = await conn.execute(queries["parked_expired"], params)
+        candidates = await cursor.fetchall()
+    keys = rows = 0
+    for key, lane in candidates:
+        async with conn.transaction():
+            # Like `relayer parked drop`: wait for a batch in flight on the lane, then re-check.
+            await conn.execute(queries["lock_lane_for_operator"], {"lane": lane})
+            cursor = await conn.execute(
+                queries["drop_expired_parked_key"], {"key": key, "retention": retention}
+            )
+            dropped = await cursor.fetchone()
+        if dropped is None:
+            continue  # redriven or retried meanwhile
+        count, head, attempts, error, waited = dropped
+        keys, rows = keys + 1, rows + int(count)
+        logger.warning(
+            "store %s: parked key %r waited %.0f s for an operator (parked_retention %s s); "
+            "dropped its %s rows (head %s, %s attempts, last error: %s)",
+            store.name,
+            key,
+            waited,
+            retention.total_seconds(),
+            count,
+            head,
+            attempts,
+            error,
+            extra={
+                "action": "parked_expired",
+                "store": store.name,
+                "lane": lane,
+                "key": key,
+                "rows": int(count),
+                "error": error,
+            },
+        )
+    return keys, rows
+
+
+def _task_lock_key(store: StoreSettings, task: Task) -> int:
+    """A 63-bit advisory-lock key for ``task`` of ``store`` (distinct from the schema lock)."""
+    high = fnv1a_32(f"{store.db_schema}.{store.table_prefix}".encode())
+    low = fnv1a_32(f"maintenance:{task.name}".encode())
+    return ((high << 32) | low) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class Maintenance:
+    """The maintenance queue of one store in a worker, and the handler of its jobs.
+
+    ``leader()`` tells whether this worker runs the cluster's cleanup (the worker owning lane 0).
+    Jobs borrow a connection from the store's batch pool, like lane batches; a job is one slot.
+    """
+
+    def __init__(
+        self,
+        store: StoreSettings,
+        transports: Mapping[str, Transport],
+        pool: AsyncConnectionPool,
+        now: Callable[[], float],
+        leader: Callable[[], bool],
+    ) -> None:
+        self.store = store
+        self.pool = pool
+        self.now = now
+        self.leader = leader
+        self.queue: MemoryQueue[int] = MemoryQueue(maintenance_queue(store.name))
+        self.sender = UnorderedSender(store, transports)
+        self.recovered = 0
+        self.last_cleanup: CleanupReport | None = None
+
+    def start(self) -> None:
+        """Schedule every task now (the cleanup checks for a leader when it runs)."""
+        now = self.now()
+        for task in Task:
+            self.queue.schedule(task, now)
+
+    async def run(self, key: int) -> None:
+        """Run one task and schedule its next run; never raises for database trouble."""
+        task = Task(key)
+        try:
+            if task is Task.RECOVER_UNORDERED:
+                next_in = await self._recover()
+            else:
+                next_in = await self._cleanup()
+        except (psycopg.Error, PoolTimeout, OSError) as exc:
+            logger.warning(
+                "store %s: maintenance task %s failed: %s",
+                self.store.name,
+                task.name.lower(),
+                redact(str(exc)),
+                extra={"action": "maintenance_failed", "store": self.store.name},
+            )
+            next_in = self.store.retry_backoff.total_seconds()
+        self.queue.schedule(task, self.now() + next_in)
+
+    async def _recover(self) -> float:
+        async with self.pool.connection() as conn:
+            result = await self.sender.recover(conn, self.store.batch_size)
+        self.recovered += result.sent
+        if result.sent:
+            logger.info(
+                "store %s: recovered %s unordered rows",
+                self.store.name,
+                result.sent,
+                extra={
+                    "action": "unordered_recovered",
+                    "store": self.store.name,
+                    "rows": result.sent,
+                },
+            )
+        if result.error:
+            return self.store.retry_backoff.total_seconds()
+        if result.claimed >= self.store.batch_size:
+            return 0.0
+        return self.store.maintenance_interval.total_seconds()
+
+    async def _cleanup(self) -> float:
+        interval = self.store.cleanup_interval.total_seconds()
+        if not self.leader():
+            return interval
+        async with self.pool.connection() as conn:
+            report = await cleanup(conn, self.store)
+            health = await read_health(conn, self.store)
+            await conn.rollback()
+        self.last_cleanup = report
+        for warning in health.warnings:
+            logger.warning(
+                "store %s: %s",
+                self.store.name,
+                warning,
+                extra={"action": "health", "store": self.store.name},
+            )
+        return interval if report.complete else 0.0

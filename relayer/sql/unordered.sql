@@ -1,0 +1,45 @@
+-- Unordered rows (no ordering key, lane NULL): sent after commit by the application and, when it
+-- did not, by the workers' maintenance. Every sender claims rows with FOR UPDATE SKIP LOCKED and
+-- keeps them locked until its outcomes commit, so no row is ever sent by two senders at once.
+
+-- name: unordered_claim_ids
+-- The rows an application just committed (a rolled-back write has no row to claim).
+SELECT id, transport, destination, body, headers::text
+FROM {outbox}
+WHERE id = ANY(%(ids)s::uuid[]) AND lane IS NULL
+  AND (deliver_at IS NULL OR deliver_at <= now())
+ORDER BY id
+FOR UPDATE SKIP LOCKED
+
+-- name: unordered_claim_due
+-- Recovery: rows the application did not send within the grace period, future-dated rows once
+-- due, failed rows once their retry time came. Oldest first, through the unordered index.
+SELECT id, transport, destination, body, headers::text
+FROM {outbox}
+WHERE lane IS NULL AND coalesce(deliver_at, created_at + %(grace)s) <= now()
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: unordered_settle
+-- Under the claim's row locks: delete what the broker acknowledged, and give each failed row its
+-- attempt, error and retry time in deliver_at (exponential backoff; the maximum at once for a
+-- permanent error). Unordered rows never wait for an operator: nothing queues behind them.
+WITH deleted AS (
+    DELETE FROM {outbox} WHERE id = ANY(%(acked)s::uuid[]) AND lane IS NULL RETURNING 1
+), failure AS (
+    SELECT * FROM unnest(%(failed)s::uuid[], %(errors)s::text[], %(permanent)s::bool[])
+        AS f(id, error, permanent)
+), retried AS (
+    UPDATE {outbox} AS o
+    SET attempts = o.attempts + 1,
+        last_error = failure.error,
+        deliver_at = now() + CASE
+            WHEN failure.permanent THEN %(backoff_max)s
+            ELSE least(%(backoff)s * power(2, least(o.attempts, 30)), %(backoff_max)s)
+        END
+    FROM failure
+    WHERE o.id = failure.id AND o.lane IS NULL
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM retried)

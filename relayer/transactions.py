@@ -1,0 +1,116 @@
+"""Joining the caller's transaction: the psycopg connection behind what an application passes.
+
+The writer and the inbox accept a psycopg ``Connection``/``AsyncConnection`` or an SQLAlchemy
+``Session``, ``Connection``, ``AsyncSession`` or ``AsyncConnection`` using the psycopg driver,
+and run their statements on the driver connection underneath, inside the caller's transaction.
+SQLAlchemy is imported only when such an object is passed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from relayer.errors import UsageError
+
+
+def require_transaction(
+    connection: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], what: str
+) -> None:
+    """Refuse an autocommit connection outside a transaction: ``what`` would commit alone."""
+    if connection.autocommit and connection.info.transaction_status == TransactionStatus.IDLE:
+        raise UsageError(
+            f"the connection is in autocommit mode outside a transaction, so the {what} "
+            "would not share a transaction with your business data; write inside "
+            "`with conn.transaction():` or use a connection with autocommit off"
+        )
+
+
+def sync_connection(conn: Any, async_twin: str, sync_names: str) -> psycopg.Connection[Any]:
+    """The sync psycopg connection of ``conn``; ``async_twin`` names the method to use instead
+    for async connections, ``sync_names`` the methods being called (for the error messages)."""
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    if isinstance(conn, psycopg.AsyncConnection):
+        raise UsageError(f"an async psycopg connection needs {async_twin}")
+    module = type(conn).__module__
+    if module.startswith("sqlalchemy"):
+        from sqlalchemy.engine import Connection
+        from sqlalchemy.orm import Session
+
+        if isinstance(conn, Session):
+            conn = conn.connection()
+        if isinstance(conn, Connection):
+            driver = conn.connection.driver_connection
+            if isinstance(driver, psycopg.Connection):
+                return driver
+            raise driver_error(conn.dialect.driver)
+        raise UsageError(
+            f"{type(conn).__name__} needs {async_twin}"
+            if "asyncio" in module
+            else f"cannot use an SQLAlchemy {type(conn).__name__} for {sync_names}; pass a "
+            "Session or a Connection"
+        )
+    raise UsageError(
+        f"cannot use a {type(conn).__module__}.{type(conn).__name__} for {sync_names}; pass a "
+        "psycopg connection or an SQLAlchemy Session/Connection (psycopg driver)"
+    )
+
+
+async def async_connection(
+    conn: Any, sync_twin: str, async_names: str
+) -> psycopg.AsyncConnection[Any]:
+    """The async psycopg connection of ``conn`` (see ``sync_connection``)."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return conn
+    if isinstance(conn, psycopg.Connection):
+        raise UsageError(f"a sync psycopg connection needs {sync_twin}")
+    module = type(conn).__module__
+    if module.startswith("sqlalchemy"):
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+        if isinstance(conn, AsyncSession):
+            conn = await conn.connection()
+        if isinstance(conn, AsyncConnection):
+            raw = await conn.get_raw_connection()
+            driver = raw.driver_connection
+            if isinstance(driver, psycopg.AsyncConnection):
+                return driver
+            raise driver_error(conn.dialect.driver)
+        raise UsageError(
+            f"an SQLAlchemy {type(conn).__name__} needs {sync_twin}"
+            if "asyncio" not in module
+            else f"cannot use an SQLAlchemy {type(conn).__name__} for {async_names}"
+        )
+    raise UsageError(
+        f"cannot use a {type(conn).__module__}.{type(conn).__name__} for {async_names}; pass a "
+        "psycopg AsyncConnection or an SQLAlchemy AsyncSession/AsyncConnection (psycopg driver)"
+    )
+
+
+def driver_error(driver: str) -> UsageError:
+    return UsageError(
+        f"relayer joins SQLAlchemy transactions through the psycopg driver, but this engine uses "
+        f"{driver!r}; create it with a postgresql+psycopg:// URL"
+    )
+
+
+def transaction_owner(conn: Any) -> Any:
+    """The object whose transaction ``conn`` writes in, as SQLAlchemy's session events name it:
+    an AsyncSession's sync Session, an SQLAlchemy AsyncConnection's sync Connection, otherwise
+    ``conn`` itself."""
+    if type(conn).__module__.startswith("sqlalchemy.ext.asyncio"):
+        for attribute in ("sync_session", "sync_connection"):
+            inner = getattr(conn, attribute, None)
+            if inner is not None:
+                return inner
+    return conn
+
+
+def transaction_status(conn: Any) -> TransactionStatus | None:
+    """The transaction status of a psycopg connection (None for SQLAlchemy objects)."""
+    if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
+        return conn.info.transaction_status
+    return None

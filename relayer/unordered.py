@@ -1,0 +1,244 @@
+"""Sending unordered rows: claim, publish concurrently, settle the outcomes; one transaction.
+
+Rows without an ordering key carry no ordering promise. The application sends the ones it just
+committed (``relayer.after_commit``); the workers' maintenance sends whatever is left once it is
+older than ``unordered_grace`` (an application that died, a broker that was down). Both go
+through :class:`UnorderedSender`:
+
+1. claim the rows with ``FOR UPDATE SKIP LOCKED``, so two senders never hold the same row and
+   neither waits for the other (nor for any lane: unordered rows have no lane);
+2. publish every claimed row at once and wait for the acknowledgements until the batch
+   deadline (``lease_duration / 2``, keeping an eighth of the lease for the commit);
+3. in one statement, delete the acknowledged rows and give each failed row an attempt, its error
+   and a retry time (``deliver_at``: exponential backoff from ``retry_backoff`` up to
+   ``retry_backoff_max``, the maximum at once for a permanent error);
+4. commit. Rows neither acknowledged nor failed in time, and every row when the broker could not
+   be reached, stay as they were: no attempt is counted and recovery sends them later.
+
+Any doubt about the database outcome rolls back; the rows are sent again later (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from relayer.errors import FencedWriteError, TransportError
+from relayer.redact import redact
+from relayer.relay import _abandon  # roll back, or close a connection in doubt
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+from relayer.store import Failure
+from relayer.transports.base import OutgoingMessage, SendError, Transport
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class UnorderedResult:
+    """What one dispatch or recovery pass did with unordered rows."""
+
+    claimed: int = 0
+    sent: int = 0
+    failed: int = 0
+    unresolved: int = 0  # published, but neither acknowledged nor failed before the deadline
+    error: str = ""  # why the pass stopped early (broker unreachable, database trouble)
+
+    def __add__(self, other: UnorderedResult) -> UnorderedResult:
+        return UnorderedResult(
+            self.claimed + other.claimed,
+            self.sent + other.sent,
+            self.failed + other.failed,
+            self.unresolved + other.unresolved,
+            self.error or other.error,
+        )
+
+
+@dataclass(slots=True)
+class _Report:
+    acked: list[UUID] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    unresolved: int = 0
+    unavailable: str = ""
+
+
+class UnorderedSender:
+    """Sends batches of one store's unordered rows through ``transports`` (started ones)."""
+
+    def __init__(self, store: StoreSettings, transports: Mapping[str, Transport]) -> None:
+        self.store = store
+        self.transports = dict(transports)
+        self.queries = queries_for(store.names)
+        lease = store.lease_duration.total_seconds()
+        self.deadline = lease / 2
+        self.commit_reserve = lease / 8
+
+    async def send_ids(
+        self, conn: psycopg.AsyncConnection[Any], ids: Sequence[UUID]
+    ) -> UnorderedResult:
+        """Send the rows with these ids that exist, are due and are not held by another sender."""
+        return await self._batch(conn, "unordered_claim_ids", {"ids": list(ids)})
+
+    async def recover(self, conn: psycopg.AsyncConnection[Any], limit: int) -> UnorderedResult:
+        """Send up to ``limit`` rows that are older than the grace period or due again."""
+        params = {"grace": self.store.unordered_grace, "limit": limit}
+        return await self._batch(conn, "unordered_claim_due", params)
+
+    async def _batch(
+        self, conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
+    ) -> UnorderedResult:
+        """One claim-send-settle transaction on ``conn`` (autocommit off). Never raises for
+        database or broker trouble: the result says what happened."""
+        started = time.monotonic()
+        claimed = 0
+        try:
+            async with asyncio.timeout(self.deadline):
+                cursor = await conn.execute(self.queries[query], params, binary=True)
+                rows = await cursor.fetchall()
+                claimed = len(rows)
+                if not rows:
+                    await conn.rollback()
+                    return UnorderedResult()
+                wait_until = started + self.deadline - self.commit_reserve
+                report = await self._publish([_message(row) for row in rows], wait_until)
+                sent, failed = await self._settle(conn, report)
+        except (TimeoutError, psycopg.Error, FencedWriteError) as exc:
+            await _abandon(conn)
+            detail = "deadline passed" if isinstance(exc, TimeoutError) else redact(str(exc))
+            logger.warning(
+                "store %s: unordered batch of %s rows rolled back (%s); they are sent again later",
+                self.store.name,
+                claimed,
+                detail,
+                extra={"action": "unordered_rollback", "store": self.store.name, "rows": claimed},
+            )
+            return UnorderedResult(claimed, error=detail)
+        self._log(report)
+        return UnorderedResult(claimed, sent, failed, report.unresolved, report.unavailable)
+
+    async def _settle(self, conn: psycopg.AsyncConnection[Any], report: _Report) -> tuple[int, int]:
+        if not report.acked and not report.failures:
+            await conn.rollback()
+            return 0, 0
+        cursor = await conn.execute(
+            self.queries["unordered_settle"],
+            {
+                "acked": report.acked,
+                "failed": [failure.id for failure in report.failures],
+                "errors": [failure.error for failure in report.failures],
+                "permanent": [failure.permanent for failure in report.failures],
+                "backoff": self.store.retry_backoff,
+                "backoff_max": self.store.retry_backoff_max,
+            },
+        )
+        row = await cursor.fetchone()
+        assert row is not None
+        deleted, retried = int(row[0]), int(row[1])
+        if deleted != len(report.acked) or retried != len(report.failures):
+            # The rows are locked by this transaction, so only a bug or a manual change gets here.
+            raise FencedWriteError(
+                f"unordered outcomes matched {deleted}/{len(report.acked)} deletes and "
+                f"{retried}/{len(report.failures)} retries"
+            )
+        await conn.commit()
+        return deleted, retried
+
+    async def _publish(
+        self, messages: Sequence[tuple[OutgoingMessage, str | None]], wait_until: float
+    ) -> _Report:
+        report = _Report()
+        in_flight: dict[asyncio.Future[None], UUID] = {}
+        for message, transport_name in messages:
+            transport = self._resolve(transport_name, message.id, report)
+            if transport is None:
+                continue
+            try:
+                acknowledgement = await transport.publish(message)
+            except SendError as exc:
+                report.failures.append(Failure(message.id, str(exc), not exc.retryable))
+                continue
+            except TransportError as exc:  # the client is unusable: not these rows' fault
+                report.unavailable = redact(str(exc))
+                break
+            except Exception as exc:  # a plug-in's bug fails this row only
+                report.failures.append(Failure(message.id, f"{type(exc).__name__}: {exc}"))
+                continue
+            in_flight[asyncio.ensure_future(acknowledgement)] = message.id
+        if not in_flight:
+            return report
+        done, late = await asyncio.wait(in_flight, timeout=max(wait_until - time.monotonic(), 0))
+        for future in late:
+            future.add_done_callback(_retrieve)
+        report.unresolved = len(late)
+        for future in done:
+            message_id = in_flight[future]
+            error = future.exception() if not future.cancelled() else TransportError("cancelled")
+            if error is None:
+                report.acked.append(message_id)
+            elif isinstance(error, SendError):
+                report.failures.append(Failure(message_id, str(error), not error.retryable))
+            elif isinstance(error, TransportError):
+                report.unresolved += 1
+                report.unavailable = report.unavailable or redact(str(error))
+            else:
+                report.failures.append(Failure(message_id, f"{type(error).__name__}: {error}"))
+        return report
+
+    def _resolve(self, name: str | None, message_id: UUID, report: _Report) -> Transport | None:
+        name = name or self.store.default_transport
+        transport = self.transports.get(name) if name is not None else None
+        if transport is None:
+            known = ", ".join(repr(known) for known in self.transports) or "none"
+            report.failures.append(
+                Failure(
+                    message_id,
+                    f"transport {name!r} is not configured for store {self.store.name!r} "
+                    f"(configured: {known}); configure it (or default_transport) and the row is "
+                    "retried",
+                    permanent=True,
+                )
+            )
+        return transport
+
+    def _log(self, report: _Report) -> None:
+        if report.failures:
+            logger.warning(
+                "store %s: %s unordered rows failed and are retried later; first error: %s",
+                self.store.name,
+                len(report.failures),
+                report.failures[0].error,
+                extra={
+                    "action": "unordered_failed",
+                    "store": self.store.name,
+                    "rows": len(report.failures),
+                    "error": report.failures[0].error,
+                },
+            )
+        if report.unavailable:
+            logger.warning(
+                "store %s: broker unreachable (%s); unordered rows are left for recovery",
+                self.store.name,
+                report.unavailable,
+                extra={"action": "unordered_unavailable", "store": self.store.name},
+            )
+
+
+def _message(row: Sequence[Any]) -> tuple[OutgoingMessage, str | None]:
+    message_id, transport, destination, body, headers = row
+    decoded: Mapping[str, str] = {} if headers == "{}" else json.loads(headers)
+    return OutgoingMessage(message_id, destination, body, None, decoded), transport
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    # An acknowledgement that arrives after the deadline is not used; retrieving its outcome
+    # keeps asyncio from reporting an exception that was never looked at.
+    if not future.cancelled():
+        future.exception()
