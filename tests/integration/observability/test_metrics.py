@@ -112,7 +112,7 @@ def test_relayer_run_metrics_show_the_lag_per_lane_falling_to_zero(
     assert after.value("relayer_owned_lanes", store="orders") == LANES
     assert after.value("relayer_live_members", store="orders") == 1
     assert after.value("relayer_parked_keys", store="orders", waiting="operator") == 0
-    assert after.value("relayer_dispatch_share", queue="orders") == 1.0
+    assert 0 < after.value("relayer_dispatch_share", queue="orders") <= 1  # + maintenance queues
     assert after.value("relayer_dispatch_jobs_total", queue="orders") >= LANES
     assert "metrics on http://127.0.0.1:" in stderr
 
