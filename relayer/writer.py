@@ -27,6 +27,7 @@ from relayer.schema import StoreMeta, verify_meta
 from relayer.sequences import SEQUENCE_HEADER, reserve_async, reserve_sync, stamped_json
 from relayer.settings import RelayerSettings, StoreSettings
 from relayer.sql import queries_for
+from relayer.tracing import with_trace_context
 from relayer.transactions import async_connection, require_transaction, sync_connection
 
 MAX_KEY_BYTES = 1024
@@ -160,7 +161,7 @@ class Outbox:
                 )
             lane = lane_for(key, self.store.lanes)
         transport = self._transport(message.transport)
-        headers = _headers(message.headers)
+        headers = _headers(with_trace_context(message.headers))
         deliver_at = message.deliver_at
         if deliver_at is not None:
             if not isinstance(deliver_at, datetime):
