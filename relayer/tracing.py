@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import functools
 import sys
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Coroutine, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from relayer.redact import redact
@@ -170,10 +170,15 @@ class TracedTransport:
     async def close(self) -> None:
         await self.inner.close()
 
-    async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
+    def publish(self, message: OutgoingMessage) -> Coroutine[Any, Any, Awaitable[None]]:
+        # A plain method: an untraced row gets the inner transport's coroutine itself, without
+        # a coroutine frame of ours around it.
         parent = self.tracer.writer_context(message.headers) if message.headers else None
         if parent is None:
-            return await self.inner.publish(message)
+            return self.inner.publish(message)
+        return self._publish_traced(message, parent)
+
+    async def _publish_traced(self, message: OutgoingMessage, parent: Context) -> Awaitable[None]:
         span = self.tracer.start_send(message, self.inner.name, parent)
         try:
             acknowledgement = await self.inner.publish(message)
