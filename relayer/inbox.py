@@ -13,7 +13,7 @@ claimed for the key: ``IN_ORDER``, ``GAP`` (numbers are missing: lost, dropped, 
 come), ``REORDERED`` (an earlier number arriving after a later one, or a duplicate whose entry
 had expired) or ``NEW`` (the first number seen for the key is above 1: the consumer started
 late, or its state for the key expired). The verdict is reported, never
-acted on: what to do with a gap is the consumer's decision.
+acted on (nor logged): what to do with a gap is the consumer's decision.
 
 ``delivery_of`` reads the message id, ordering key and sequence from a confluent-kafka
 ``Message``, an aio-pika ``IncomingMessage`` or a relayer ``OutgoingMessage`` (duck-typed: this
@@ -22,7 +22,6 @@ module imports neither client).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -37,8 +36,6 @@ from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.transactions import async_connection, require_transaction, sync_connection
 from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER
-
-logger = logging.getLogger(__name__)
 
 MAX_CONSUMER_NAME = 200
 _SYNC_NAMES = "claim / claim_message"
@@ -134,7 +131,7 @@ class Inbox:
             row = connection.execute(self._claim, params).fetchone()
         except psycopg.errors.UndefinedTable as exc:
             raise self._not_applied() from exc
-        return self._verdict(params, row)
+        return _verdict(params, row)
 
     def claim_message(self, conn: Any, message: Any, consumer: str) -> Claim:
         """``claim`` with the id, key and sequence read from a broker message."""
@@ -160,7 +157,7 @@ class Inbox:
             row = await cursor.fetchone()
         except psycopg.errors.UndefinedTable as exc:
             raise self._not_applied() from exc
-        return self._verdict(params, row)
+        return _verdict(params, row)
 
     async def claim_message_async(self, conn: Any, message: Any, consumer: str) -> Claim:
         delivery = delivery_of(message)
@@ -168,35 +165,27 @@ class Inbox:
             conn, delivery.message_id, consumer, key=delivery.key, sequence=delivery.sequence
         )
 
-    def _verdict(self, params: Mapping[str, Any], row: tuple[Any, ...] | None) -> Claim:
-        assert row is not None
-        claimed, previous = bool(row[0]), row[1]
-        message_id, sequence = params["message_id"], params["sequence"]
-        if not claimed:
-            return Claim(Outcome.DUPLICATE, message_id, sequence)
-        if sequence is None or (previous is None and sequence > 1):
-            return Claim(Outcome.NEW, message_id, sequence)
-        previous = 0 if previous is None else int(previous)  # a key's first number is 1
-        if sequence == previous + 1:
-            return Claim(Outcome.IN_ORDER, message_id, sequence, previous)
-        outcome = Outcome.GAP if sequence > previous else Outcome.REORDERED
-        logger.info(
-            "inbox of store %s: %s for key %r (sequence %s after %s)",
-            self.store.name,
-            outcome.value,
-            params["key"],
-            sequence,
-            previous,
-            extra={"action": f"inbox_{outcome.value}", "store": self.store.name},
-        )
-        return Claim(outcome, message_id, sequence, previous)
-
     def _not_applied(self) -> SchemaNotAppliedError:
         return SchemaNotAppliedError(
             f"store {self.store.name!r}: no inbox table in schema {self.store.db_schema!r} with "
             f"prefix {self.store.table_prefix!r}; run `relayer schema apply {self.store.name}` "
             "against the consumer's database"
         )
+
+
+def _verdict(params: Mapping[str, Any], row: tuple[Any, ...] | None) -> Claim:
+    assert row is not None
+    claimed, previous = bool(row[0]), row[1]
+    message_id, sequence = params["message_id"], params["sequence"]
+    if not claimed:
+        return Claim(Outcome.DUPLICATE, message_id, sequence)
+    if sequence is None or (previous is None and sequence > 1):
+        return Claim(Outcome.NEW, message_id, sequence)
+    previous = 0 if previous is None else int(previous)  # a key's first number is 1
+    if sequence == previous + 1:
+        return Claim(Outcome.IN_ORDER, message_id, sequence, previous)
+    outcome = Outcome.GAP if sequence > previous else Outcome.REORDERED
+    return Claim(outcome, message_id, sequence, previous)
 
 
 def _params(message_id: object, consumer: object, key: object, sequence: object) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from relayer.health import StoreHealth, read_health
 from relayer.parked import ParkedKey, list_parked
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
@@ -35,6 +36,7 @@ class StoreStatus:
     owners: dict[int, str]
     pending: tuple[LanePending, ...]
     parked: tuple[ParkedKey, ...]
+    health: StoreHealth | None = None  # dead tuples, vacuum, sizes, warnings (docs/operations.md)
 
     @property
     def total_pending(self) -> int:
@@ -57,4 +59,5 @@ async def read_status(conn: psycopg.AsyncConnection[Any], store: StoreSettings) 
         for row in await cursor.fetchall()
     )
     parked = tuple(await list_parked(conn, store))
-    return StoreStatus(store.name, store.lanes, members, owners, pending, parked)
+    health = await read_health(conn, store)
+    return StoreStatus(store.name, store.lanes, members, owners, pending, parked, health)

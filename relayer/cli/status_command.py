@@ -1,4 +1,4 @@
-"""``relayer status STORE``: members, lane owners, pending rows per lane, parked keys."""
+"""``relayer status STORE``: members, lane owners, pending rows per lane, parked keys, health."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from typing import Any
 
 from relayer.cli.common import EXIT_OK, Context
 from relayer.connection import connect
+from relayer.health import StoreHealth
 from relayer.status import StoreStatus, read_status
 
 
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
-        "status", help="members, lane owners, pending rows and oldest age per lane, parked keys"
+        "status",
+        help="members, lane owners, pending rows and oldest age per lane, parked keys, health",
     )
     parser.add_argument("store")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -62,4 +64,31 @@ def render(status: StoreStatus) -> str:
         )
     if len(status.parked) > 20:
         lines.append(f"  ... {len(status.parked) - 20} more (relayer parked list {status.store})")
+    if status.health is not None:
+        lines.extend(render_health(status.health))
     return "\n".join(lines)
+
+
+def render_health(health: StoreHealth) -> list[str]:
+    lines = [f"health: oldest due row {health.oldest_due_age_seconds:,.1f} s"]
+    lines.append("  table                          live      dead  dead %  last vacuum       size")
+    for table in health.tables:
+        vacuumed = "never" if table.last_vacuum is None else f"{table.last_vacuum:%m-%d %H:%M:%S}"
+        lines.append(
+            f"  {table.table:<26} {table.live_rows:>8,} {table.dead_rows:>9,} "
+            f"{table.dead_ratio:>6.0%}  {vacuumed:<14} {_size(table.size_bytes):>9}"
+        )
+    for warning in health.warnings:
+        lines.append(f"  warning: {warning}")
+    if not health.warnings:
+        lines.append("  no warnings")
+    return lines
+
+
+def _size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "kB", "MB"):
+        if value < 1024:
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} GB"
