@@ -10,16 +10,10 @@ import pytest
 
 from relayer.after_commit import PendingIds
 from relayer.dispatch import Strict, Weighted
-from relayer.errors import ConfigurationError
 from relayer.health import StoreHealth, TableHealth, warnings_of
-from relayer.settings import WorkerSettings, load_settings, store_settings
+from relayer.settings import WorkerSettings, store_settings
 from relayer.worker import Worker
-
-
-def error_of(**store: object) -> ConfigurationError:
-    with pytest.raises(ConfigurationError) as caught:
-        load_settings(stores={"orders": store})
-    return caught.value
+from tests.unit.test_settings import error_of
 
 
 def test_defaults() -> None:

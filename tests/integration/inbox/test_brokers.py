@@ -11,11 +11,11 @@ import psycopg
 
 from relayer import Outbox, OutboxMessage
 from relayer.inbox import Inbox, Outcome, delivery_of
-from relayer.settings import StoreSettings, WorkerSettings
-from relayer.worker import Worker
+from relayer.settings import StoreSettings
 from tests.conftest import apply_schema, make_store
 from tests.contract.brokers import create_topics, unique
 from tests.integration.relay.helpers import pending
+from tests.integration.unordered.helpers import run_worker_until
 
 
 async def relayed_store(dsn: str, transport: dict[str, Any]) -> StoreSettings:
@@ -47,16 +47,7 @@ def write_with_a_lost_row(store: StoreSettings, destination: str) -> None:
 
 
 async def relay(store: StoreSettings) -> None:
-    worker = Worker([store], settings=WorkerSettings(pool_size=2))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        async with asyncio.timeout(30):
-            while pending(store):
-                await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await task
+    await run_worker_until(store, lambda: pending(store) == 0)
 
 
 def consume_kafka_messages(bootstrap: str, topic: str, count: int) -> list[Any]:

@@ -3,7 +3,6 @@ keys that waited for an operator past parked_retention; nothing else is deleted.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from typing import Any
@@ -14,10 +13,10 @@ import pytest
 from relayer import Outbox, OutboxMessage
 from relayer.inbox import Inbox
 from relayer.maintenance import CleanupReport, Task, _task_lock_key, cleanup
-from relayer.settings import StoreSettings, WorkerSettings
-from relayer.worker import Worker
+from relayer.settings import StoreSettings
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import keys_in_lane
+from tests.integration.unordered.helpers import run_worker_until
 
 
 async def store_with(dsn: str, **overrides: Any) -> StoreSettings:
@@ -151,14 +150,5 @@ async def test_the_worker_owning_lane_0_runs_the_cleanup(pg_dsn: str) -> None:
     )
     claim_messages(store, 2)
     execute(store, "UPDATE {p}inbox SET received_at = now() - interval '30 days'")
-    worker = Worker([store], settings=WorkerSettings(pool_size=2))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        async with asyncio.timeout(20):
-            while execute(store, "SELECT 1 FROM {p}inbox"):
-                await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await task
+    worker = await run_worker_until(store, lambda: not execute(store, "SELECT 1 FROM {p}inbox"))
     assert worker.runtimes[store.name].maintenance.last_cleanup is not None

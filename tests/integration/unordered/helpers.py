@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
-from relayer.settings import StoreSettings
+from relayer.settings import StoreSettings, WorkerSettings
+from relayer.worker import Worker
 from tests.conftest import apply_schema, make_store
 
 
@@ -44,3 +46,20 @@ def backdate(store: StoreSettings, ids: Sequence[UUID], seconds: float = 3600) -
             (seconds, list(ids)),
         )
         conn.commit()
+
+
+async def run_worker_until(
+    store: StoreSettings, done: Callable[[], bool], timeout: float = 30, pool_size: int = 2
+) -> Worker:
+    """Run a worker over ``store`` (transports from its settings) until ``done()``."""
+    worker = Worker([store], settings=WorkerSettings(pool_size=pool_size))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        async with asyncio.timeout(timeout):
+            while not done():
+                await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+    return worker

@@ -3,6 +3,10 @@ sync) and SQLAlchemy sessions; rollbacks, misuse, an unreachable broker and fail
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
 import psycopg
 import pytest
 from sqlalchemy import create_engine
@@ -29,6 +33,18 @@ async def memory() -> MemoryTransport:
     return transport
 
 
+@contextlib.asynccontextmanager
+async def dispatching(
+    store: StoreSettings, memory: MemoryTransport
+) -> AsyncIterator[tuple[Outbox, UnorderedDispatcher, psycopg.AsyncConnection[Any]]]:
+    outbox = Outbox(store)
+    async with (
+        UnorderedDispatcher(outbox, {"memory": memory}) as dispatcher,
+        await psycopg.AsyncConnection.connect(store.require_dsn()) as conn,
+    ):
+        yield outbox, dispatcher, conn
+
+
 def sqlalchemy_url(store: StoreSettings) -> str:
     return store.require_dsn().replace("postgresql://", "postgresql+psycopg://", 1)
 
@@ -36,11 +52,7 @@ def sqlalchemy_url(store: StoreSettings) -> str:
 async def test_commit_then_dispatch_sends_and_deletes(
     store: StoreSettings, memory: MemoryTransport
 ) -> None:
-    outbox = Outbox(store)
-    async with (
-        UnorderedDispatcher(outbox, {"memory": memory}) as dispatcher,
-        await psycopg.AsyncConnection.connect(store.require_dsn()) as conn,
-    ):
+    async with dispatching(store, memory) as (outbox, dispatcher, conn):
         unordered = await outbox.write_many_async(
             conn, [OutboxMessage("emails", f"mail {n}".encode()) for n in range(3)]
         )
@@ -58,11 +70,7 @@ async def test_commit_then_dispatch_sends_and_deletes(
 async def test_rolled_back_rows_are_never_sent(
     store: StoreSettings, memory: MemoryTransport
 ) -> None:
-    outbox = Outbox(store)
-    async with (
-        UnorderedDispatcher(outbox, {"memory": memory}) as dispatcher,
-        await psycopg.AsyncConnection.connect(store.require_dsn()) as conn,
-    ):
+    async with dispatching(store, memory) as (outbox, dispatcher, conn):
         await outbox.write_async(conn, destination="emails", body=b"rolled back")
         await conn.rollback()
         kept = await outbox.write_async(conn, destination="emails", body=b"committed")
@@ -79,11 +87,7 @@ async def test_rolled_back_rows_are_never_sent(
 async def test_dispatch_inside_the_transaction_is_refused(
     store: StoreSettings, memory: MemoryTransport
 ) -> None:
-    outbox = Outbox(store)
-    async with (
-        UnorderedDispatcher(outbox, {"memory": memory}) as dispatcher,
-        await psycopg.AsyncConnection.connect(store.require_dsn()) as conn,
-    ):
+    async with dispatching(store, memory) as (outbox, dispatcher, conn):
         await outbox.write_async(conn, destination="emails", body=b"x")
         with pytest.raises(UsageError, match=r"after conn\.commit\(\)"):
             await dispatcher.dispatch_after_commit(conn)
@@ -97,12 +101,8 @@ async def test_dispatch_inside_the_transaction_is_refused(
 async def test_an_unreachable_broker_leaves_rows_for_recovery(
     store: StoreSettings, memory: MemoryTransport
 ) -> None:
-    outbox = Outbox(store)
     memory.disconnect()
-    async with (
-        UnorderedDispatcher(outbox, {"memory": memory}) as dispatcher,
-        await psycopg.AsyncConnection.connect(store.require_dsn()) as conn,
-    ):
+    async with dispatching(store, memory) as (outbox, dispatcher, conn):
         ids = await outbox.write_many_async(conn, [OutboxMessage("emails", b"x")] * 2)
         await conn.commit()  # the commit never depends on the broker
         result = await dispatcher.dispatch_after_commit(conn)
@@ -113,11 +113,7 @@ async def test_an_unreachable_broker_leaves_rows_for_recovery(
 async def test_a_failing_row_is_retried_later_and_the_others_go(
     store: StoreSettings, memory: MemoryTransport
 ) -> None:
-    outbox = Outbox(store)
-    async with (
-        UnorderedDispatcher(outbox, {"memory": memory}) as dispatcher,
-        await psycopg.AsyncConnection.connect(store.require_dsn()) as conn,
-    ):
+    async with dispatching(store, memory) as (outbox, dispatcher, conn):
         ids = await outbox.write_many_async(
             conn, [OutboxMessage("emails", b"x"), OutboxMessage("emails", b"y")]
         )

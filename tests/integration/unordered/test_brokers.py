@@ -10,12 +10,11 @@ import psycopg
 
 from relayer import Outbox, OutboxMessage
 from relayer.after_commit import UnorderedDispatcher
-from relayer.settings import StoreSettings, WorkerSettings
+from relayer.settings import StoreSettings
 from relayer.transports.base import MESSAGE_ID_HEADER
-from relayer.worker import Worker
 from tests.conftest import apply_schema, make_store
 from tests.contract.brokers import consume_kafka, consume_rabbitmq, create_topics, unique
-from tests.integration.unordered.helpers import backdate, rows
+from tests.integration.unordered.helpers import backdate, rows, run_worker_until
 
 
 async def store_for(dsn: str, transport: dict[str, Any], **overrides: Any) -> StoreSettings:
@@ -93,16 +92,7 @@ async def test_a_worker_recovers_a_crashed_applications_rows(
         young = outbox.write(conn, destination=topic, body=b"still its application's")
         conn.commit()
     backdate(store, crashed, seconds=40)  # older than unordered_grace (30 s)
-    worker = Worker([store], settings=WorkerSettings(pool_size=3))
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        async with asyncio.timeout(30):
-            while set(rows(store)) != {young}:
-                await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await task
+    worker = await run_worker_until(store, lambda: set(rows(store)) == {young}, pool_size=3)
     received = await asyncio.to_thread(consume_kafka, kafka_bootstrap, topic, 6)
     assert sorted(message.message_id for message in received) == sorted(map(str, crashed))
     assert worker.runtimes[store.name].maintenance.recovered == 6
