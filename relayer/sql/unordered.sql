@@ -24,7 +24,8 @@ FOR UPDATE SKIP LOCKED
 -- name: unordered_settle
 -- Under the claim's row locks: delete what the broker acknowledged, and give each failed row its
 -- attempt, error and retry time in deliver_at (exponential backoff; the maximum at once for a
--- permanent error). Unordered rows never wait for an operator: nothing queues behind them.
+-- permanent error; the exponent stops at 20 so the interval cannot overflow). Unordered rows
+-- never wait for an operator: nothing queues behind them.
 WITH deleted AS (
     DELETE FROM {outbox} WHERE id = ANY(%(acked)s::uuid[]) AND lane IS NULL RETURNING 1
 ), failure AS (
@@ -36,7 +37,7 @@ WITH deleted AS (
         last_error = failure.error,
         deliver_at = now() + CASE
             WHEN failure.permanent THEN %(backoff_max)s
-            ELSE least(%(backoff)s * power(2, least(o.attempts, 30)), %(backoff_max)s)
+            ELSE least(%(backoff)s * power(2, least(o.attempts, 20)), %(backoff_max)s)
         END
     FROM failure
     WHERE o.id = failure.id AND o.lane IS NULL

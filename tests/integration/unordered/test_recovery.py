@@ -117,3 +117,18 @@ async def test_future_dated_rows_wait_for_their_time_not_the_grace(store: StoreS
     assert result.sent == 1
     assert [message.id for message in memory.received("emails")] == [ready]
     assert set(rows(store)) == {later}
+
+
+async def test_a_long_failing_row_backs_off_at_most_retry_backoff_max(
+    store: StoreSettings,
+) -> None:
+    [row] = write_unordered(store, 1)
+    backdate(store, [row])
+    with psycopg.connect(store.require_dsn()) as conn:
+        conn.execute(f"UPDATE {store.table_prefix}outbox SET attempts = 100000")
+        conn.commit()
+    memory = await started()
+    memory.fail_message(row)
+    assert (await recover(store, memory)).failed == 1  # no interval overflow
+    attempts, _, retry_in = rows(store)[row]
+    assert attempts == 100001 and 3000 < retry_in <= 3600
