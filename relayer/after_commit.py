@@ -103,7 +103,6 @@ class UnorderedDispatcher:
         self._max_connections = max_connections
         self._sender: UnorderedSender | None = None
         self._pool: AsyncConnectionPool | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[UnorderedResult]] = set()
         self._listeners: list[tuple[Any, str, Callable[..., None]]] = []
         outbox.on_unordered = self.pending.add
@@ -119,12 +118,21 @@ class UnorderedDispatcher:
         await self.close()
 
     async def start(self) -> None:
-        """Start the transports it owns and open its connection pool (errors propagate)."""
+        """Start the transports it owns and open its connection pool. Errors propagate, after
+        closing what was already started."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         transports = self._given
         if transports is None:
             from relayer.transports.registry import create_transports
 
             transports = create_transports(self.store)
+        self._sender = UnorderedSender(self.store, transports)
         if self._owns:
             for transport in transports.values():
                 await transport.start()
@@ -136,10 +144,8 @@ class UnorderedDispatcher:
             kwargs={"autocommit": False, "application_name": f"relayer:{self.store.name}:after"},
             name=f"relayer-{self.store.name}-after-commit",
         )
-        await pool.open(wait=True, timeout=30)
         self._pool = pool
-        self._sender = UnorderedSender(self.store, transports)
-        self._loop = asyncio.get_running_loop()
+        await pool.open(wait=True, timeout=30)
 
     async def close(self) -> None:
         """Finish the dispatches in flight, then close the pool and owned transports."""

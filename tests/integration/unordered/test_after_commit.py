@@ -4,6 +4,7 @@ sync) and SQLAlchemy sessions; rollbacks, misuse, an unreachable broker and fail
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -186,3 +187,17 @@ def test_a_sync_session_with_the_sync_session_class_must_be_explicit(
         dispatcher.attach(async_sessionmaker())
     with pytest.raises(UsageError, match="not started"):
         dispatcher.dispatch_after_commit(Session())
+
+
+async def test_a_failed_start_closes_what_it_started(store: StoreSettings) -> None:
+    from relayer.errors import TransportError
+
+    failing = MemoryTransport("memory")
+    failing.fail_start()
+    outbox = Outbox(store)
+    dispatcher = UnorderedDispatcher(outbox, {"memory": failing}, owns_transports=True)
+    with pytest.raises(TransportError, match="injected start failure"):
+        await dispatcher.start()
+    assert outbox.on_unordered is None  # detached: a new dispatcher may be attached
+    with pytest.raises(UsageError, match="not started"):
+        await dispatcher.dispatch([uuid.uuid4()])
