@@ -105,6 +105,10 @@ class EmbeddedPostgres:
                 "--encoding=UTF8", "--no-instructions",
             )  # fmt: skip
         self.port = free_port()
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
         options = [
             "-h 127.0.0.1",
             f"-p {self.port}",
@@ -119,7 +123,14 @@ class EmbeddedPostgres:
             "-t", "60", "-o", " ".join(options), "start",
         )  # fmt: skip
         logger.info("embedded PostgreSQL on 127.0.0.1:%s", self.port, extra={"action": "embedded"})
-        return self
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stop the server (pg_ctl ``-m fast``, or ``immediate`` for a crash that recovers from
+        the WAL on start) and start it again on the same port and data directory."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise ValueError(f"mode must be smart, fast or immediate, not {mode!r}")
+        self._command("pg_ctl", "-D", str(self._data), "-m", mode, "-w", "stop")
+        self._launch()
 
     def _prepare_unprivileged_user(self) -> None:
         import pwd
@@ -184,8 +195,11 @@ def tansu_binary() -> Path:
 class EmbeddedKafka:
     """A Kafka-protocol broker (tansu, in-memory storage) on 127.0.0.1 and a free port."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, advertised_port: int | None = None) -> None:
         self.port = port or 0
+        # Clients learn the broker's address from its metadata: a proxy in front of the broker
+        # (the chaos suite's) is advertised instead of the listener itself.
+        self.advertised_port = advertised_port
         self._process: subprocess.Popen[bytes] | None = None
         self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
 
@@ -196,11 +210,12 @@ class EmbeddedKafka:
     def start(self) -> EmbeddedKafka:
         self.port = self.port or free_port()
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port or self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix="relayer-tansu-", suffix=".log")  # noqa: SIM115
         self._process = subprocess.Popen(
             [
                 str(tansu_binary()), "broker", "--listener-url", url,
-                "--advertised-listener-url", url, "--storage-engine", "memory://tansu/",
+                "--advertised-listener-url", advertised, "--storage-engine", "memory://tansu/",
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -213,6 +228,15 @@ class EmbeddedKafka:
             raise EmbeddedServiceError(f"embedded Kafka broker did not start: {exc}") from exc
         logger.info("embedded Kafka broker on %s", url, extra={"action": "embedded"})
         return self
+
+    def restart(self) -> None:
+        """Kill the broker (SIGKILL, a crash) and start it again on the same port. Its storage
+        is in memory: topics and messages are gone afterwards."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self.stop()
+        self.start()
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

@@ -1,0 +1,173 @@
+"""The broker side of a chaos run: a dedicated Kafka-protocol broker or a RabbitMQ queue, an
+optional fault proxy in front of it, and reading back everything it got."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from relayer.embedded import EmbeddedKafka
+from tests.chaos.proxy import LoopThread, Proxy, kafka_client_id
+from tests.contract.brokers import (
+    Received,
+    consume_kafka,
+    consume_rabbitmq,
+    create_topics,
+    unique,
+)
+from tests.services import unavailable
+
+WORKER_CLIENT_ID = "relayer-chaos-worker"
+PARTITIONS = 8
+
+
+class KafkaTarget:
+    """A tansu broker of this run's own, always behind a proxy that it advertises, so that
+    the relay workers' connections can be cut, slowed, stalled or refused."""
+
+    name = "kafka"
+
+    def __init__(self, loop: LoopThread) -> None:
+        self.loop = loop
+        self.proxy = loop.call(lambda: Proxy(("127.0.0.1", 0), protocol="kafka"))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.broker = EmbeddedKafka(advertised_port=self.proxy_port).start()
+        self.proxy.upstream = ("127.0.0.1", self.broker.port)
+        self.destination = unique("chaos")
+        create_topics(self.bootstrap, [self.destination], partitions=PARTITIONS)
+        self.earlier: list[Received] = []  # what a restarted broker held before it lost it
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.proxy_port}"
+
+    def transport_toml(self) -> str:
+        return (
+            f'type = "kafka"\n"bootstrap.servers" = "{self.bootstrap}"\n'
+            f'"client.id" = "{WORKER_CLIENT_ID}"\n'
+        )
+
+    def read_all(self) -> list[Received]:
+        return self.earlier + consume_kafka(self.bootstrap, self.destination, self._stored())
+
+    def _stored(self) -> int:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": unique("marks")})
+        try:
+            return sum(
+                consumer.get_watermark_offsets(TopicPartition(self.destination, number), 10)[1]
+                for number in range(PARTITIONS)
+            )
+        finally:
+            consumer.close()
+
+    def restart(self) -> None:
+        """Kill the broker and start it again, empty (its storage is in memory).
+
+        What it acknowledged would be lost with it, which is the broker's failure, not the
+        relay's. So the workers are cut off first (the proxy refuses their client id), the
+        topic is read to its end, and only then is the broker killed, restarted, given its
+        topic again and opened to the workers. They see their connections reset, refused
+        while the broker is down, then a broker that knows nothing of their producer."""
+        refused = self.loop.call(
+            lambda: self.proxy.block(lambda hello: kafka_client_id(hello) == WORKER_CLIENT_ID)
+        )
+        assert refused >= 0
+        self.earlier += consume_kafka(self.bootstrap, self.destination, self._stored())
+        self.broker.restart()
+        self.loop.call(lambda: setattr(self.proxy, "upstream", ("127.0.0.1", self.broker.port)))
+        create_topics(self.bootstrap, [self.destination], partitions=PARTITIONS)
+        self.loop.call(self.proxy.unblock)
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())
+        self.broker.stop()
+
+
+def rabbitmqctl(*arguments: str) -> subprocess.CompletedProcess[str]:
+    program = shutil.which("rabbitmqctl")
+    if program is None:
+        unavailable(
+            "rabbitmqctl is not on PATH: the RabbitMQ chaos scenarios need it to make a vhost "
+            "and close its connections"
+        )
+    assert program is not None
+    result = subprocess.run(
+        [program, *arguments], capture_output=True, text=True, timeout=60, check=False
+    )
+    if result.returncode != 0:
+        unavailable(f"rabbitmqctl {' '.join(arguments)} failed: {result.stderr.strip()}")
+    return result
+
+
+class RabbitTarget:
+    """A durable queue in a vhost of this run's own (so closing its connections touches no
+    other test), optionally behind a fault proxy."""
+
+    name = "rabbitmq"
+
+    def __init__(self, loop: LoopThread, url: str, *, proxied: bool) -> None:
+        self.loop = loop
+        self.vhost = unique("vhost")
+        rabbitmqctl("add_vhost", self.vhost)
+        parts = urlsplit(url)
+        user = parts.username or "guest"
+        rabbitmqctl("set_permissions", "-p", self.vhost, user, ".*", ".*", ".*")
+        self.url = urlunsplit(parts._replace(path="/" + quote(self.vhost, safe="")))
+        self.proxy: Proxy | None = None
+        worker_url = self.url
+        if proxied:
+            host, port = parts.hostname or "127.0.0.1", parts.port or 5672
+            self.proxy = loop.call(lambda: Proxy((host, port)))
+            proxy_port = loop.run(self.proxy.listen())
+            credentials = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
+            worker_url = urlunsplit(
+                urlsplit(self.url)._replace(netloc=f"{credentials}127.0.0.1:{proxy_port}")
+            )
+        self.worker_url = worker_url
+        self.queue = unique("chaos")
+        self.destination = "/" + self.queue
+        self.loop.run(self._declare())
+
+    async def _declare(self) -> None:
+        import aio_pika
+
+        connection = await aio_pika.connect(self.url)
+        try:
+            channel = await connection.channel()
+            await channel.declare_queue(self.queue, durable=True)
+        finally:
+            await connection.close()
+
+    def transport_toml(self) -> str:
+        return f'type = "rabbitmq"\nurl = "{self.worker_url}"\nreconnect_interval = 0.2\n'
+
+    def close_connections(self) -> str:
+        """``rabbitmqctl close_all_connections`` for this run's vhost."""
+        return rabbitmqctl("close_all_connections", "--vhost", self.vhost, "chaos").stdout
+
+    def read_all(self) -> list[Received]:
+        return self.loop.run(self._read_all(), timeout=300)
+
+    async def _read_all(self) -> list[Received]:
+        import aio_pika
+
+        connection = await aio_pika.connect(self.url)
+        try:
+            channel = await connection.channel()
+            queue: Any = await channel.declare_queue(self.queue, passive=True)
+            count = queue.declaration_result.message_count
+            await channel.close()
+            return await consume_rabbitmq(connection, self.queue, count)
+        finally:
+            await connection.close()
+
+    def close(self) -> None:
+        if self.proxy is not None:
+            self.loop.run(self.proxy.close())
+        subprocess.run(
+            ["rabbitmqctl", "delete_vhost", self.vhost], capture_output=True, check=False
+        )

@@ -1,0 +1,59 @@
+"""Fixtures of the chaos suite, and the table of results at the end of the session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from relayer.embedded import EmbeddedPostgres
+from tests.chaos.brokers import KafkaTarget, RabbitTarget
+from tests.chaos.checker import RESULTS, table
+from tests.chaos.proxy import LoopThread
+from tests.conftest import with_database
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    thread = LoopThread()
+    try:
+        yield thread
+    finally:
+        thread.close()
+
+
+@pytest.fixture
+def kafka(loop: LoopThread) -> Iterator[KafkaTarget]:
+    target = KafkaTarget(loop)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def rabbitmq(loop: LoopThread, rabbitmq_url: str) -> Iterator[RabbitTarget]:
+    target = RabbitTarget(loop, rabbitmq_url, proxied=True)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[tuple[EmbeddedPostgres, str]]:
+    """A durable PostgreSQL server of the test's own (it gets restarted) and a database DSN."""
+    server = EmbeddedPostgres(durable=True).start()
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE chaos")
+        yield server, with_database(server.dsn, "chaos")
+    finally:
+        server.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if RESULTS:
+        terminalreporter.section("chaos results")
+        terminalreporter.write_line(table(RESULTS))

@@ -1,0 +1,424 @@
+"""A chaos run: worker processes behind a PostgreSQL fault proxy, a steady writer, a broker,
+and the database-side records the checker reads.
+
+- Each ``relayer run orders`` worker gets a TOML file of its own whose DSN points at its own
+  listener of one PostgreSQL proxy (``sslmode=disable``, so the proxy can read the protocol);
+  a fault thereby knows which process sent a statement. A killed worker is replaced by a new
+  process on the same slot, as a supervisor would.
+- The writer is a thread with its own direct connection. Each transaction writes rows for
+  random keys, bodies ``key#seq`` with a sequence number per key, and records the ids in the
+  table ``chaos_written`` in the same transaction: the committed set is exactly that table,
+  even when the writer lost its connection during a COMMIT.
+- An ``AFTER DELETE`` trigger on the outbox records each committed delete and whether the
+  deleting transaction held the lane's lease row (I5, see tests/chaos/checker.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from relayer import Outbox, OutboxMessage
+from relayer.settings import StoreSettings
+from tests.acceptance.cli import command, environment
+from tests.chaos.checker import Audit, Report, Written
+from tests.chaos.proxy import LoopThread, Proxy
+from tests.conftest import apply_schema, make_store
+from tests.contract.brokers import Received
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Store settings of every chaos run: short leases so that takeovers happen in seconds."""
+
+    lanes: int = 16
+    batch_size: int = 50
+    lease: float = 4.0
+    poll: float = 0.5
+    pool_size: int = 4
+    retry_backoff: float = 0.5
+    keys: int = 200
+    rows_per_second: int = 300
+    rows_per_transaction: int = 10
+
+
+class Target(Protocol):
+    name: str
+    destination: str
+
+    def transport_toml(self) -> str: ...
+
+    def read_all(self) -> list[Received]: ...
+
+
+_AUDIT_SQL = """
+CREATE TABLE chaos_written (id uuid PRIMARY KEY, key text NOT NULL, seq int NOT NULL);
+CREATE TABLE chaos_deletes (
+    id uuid NOT NULL, lane int, client_port int, lease_owner text, lease_mine bool,
+    lease_live bool, at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_audit_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_deletes (id, lane, client_port, lease_owner, lease_mine, lease_live)
+    SELECT OLD.id, OLD.lane, inet_client_port(), l.owner,
+           coalesce(l.xmin = pg_current_xact_id()::xid, false),
+           coalesce(l.expires_at > clock_timestamp(), false)
+    FROM (SELECT 1) AS one
+    LEFT JOIN {leases} AS l ON l.lane = OLD.lane;
+    RETURN OLD;
+END
+$$;
+CREATE TRIGGER chaos_audit AFTER DELETE ON {outbox}
+    FOR EACH ROW EXECUTE FUNCTION chaos_audit_delete();
+"""
+
+
+def install_audit(store: StoreSettings) -> None:
+    statement = sql.SQL(_AUDIT_SQL).format(
+        leases=sql.Identifier(store.names.table("leases")),
+        outbox=sql.Identifier(store.names.table("outbox")),
+    )
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def read_written(store: StoreSettings) -> dict[uuid.UUID, Written]:
+    with psycopg.connect(store.require_dsn()) as conn:
+        rows = conn.execute("SELECT id, key, seq FROM chaos_written ORDER BY id").fetchall()
+    return {row[0]: Written(row[1], row[2]) for row in rows}
+
+
+def read_audit(store: StoreSettings) -> Audit:
+    with psycopg.connect(store.require_dsn()) as conn:
+        row = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE NOT lease_mine) FROM chaos_deletes"
+        ).fetchone()
+    assert row is not None
+    return Audit(int(row[0]), int(row[1]))
+
+
+def backlog(store: StoreSettings) -> tuple[int, int]:
+    """(rows pending, parked keys)."""
+    outbox, parked = store.names.table("outbox"), store.names.table("parked")
+    with psycopg.connect(store.require_dsn()) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT (SELECT count(*) FROM {}), (SELECT count(*) FROM {})").format(
+                sql.Identifier(outbox), sql.Identifier(parked)
+            )
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def live_members(store: StoreSettings) -> int:
+    leases = store.names.table("leases")
+    with psycopg.connect(store.require_dsn()) as conn:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE lane IS NULL AND expires_at > now()").format(
+                sql.Identifier(leases)
+            )
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+class Writer(threading.Thread):
+    """Writes ``rows_per_second`` rows until stopped; see the module docstring."""
+
+    def __init__(self, store: StoreSettings, destination: str, settings: Settings) -> None:
+        super().__init__(name="chaos-writer", daemon=True)
+        self.store = store
+        self.destination = destination
+        self.settings = settings
+        self.stopping = threading.Event()
+        self.failures = 0
+        self.commits = 0
+        self._sequence: dict[str, int] = {}
+
+    def run(self) -> None:
+        rng = random.Random(7)
+        outbox = Outbox(self.store)
+        keys = [f"key-{number}" for number in range(self.settings.keys)]
+        pause = self.settings.rows_per_transaction / self.settings.rows_per_second
+        conn: psycopg.Connection[Any] | None = None
+        next_at = time.monotonic()
+        while not self.stopping.is_set():
+            next_at += pause
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.store.require_dsn(), connect_timeout=2)
+                self._write(conn, outbox, rng.choices(keys, k=self.settings.rows_per_transaction))
+                self.commits += 1
+            except psycopg.Error:
+                self.failures += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self.stopping.wait(0.2)
+                next_at = time.monotonic()
+            self.stopping.wait(max(next_at - time.monotonic(), 0))
+        if conn is not None:
+            conn.close()
+
+    def _write(self, conn: psycopg.Connection[Any], outbox: Outbox, keys: list[str]) -> None:
+        sequences = []
+        for key in keys:
+            self._sequence[key] = self._sequence.get(key, 0) + 1
+            sequences.append(self._sequence[key])
+        messages = [
+            OutboxMessage(self.destination, f"{key}#{seq}".encode(), key=key)
+            for key, seq in zip(keys, sequences, strict=True)
+        ]
+        ids = outbox.write_many(conn, messages)
+        conn.execute(
+            "INSERT INTO chaos_written (id, key, seq) "
+            "SELECT * FROM unnest(%s::uuid[], %s::text[], %s::int[])",
+            (ids, keys, sequences),
+        )
+        conn.commit()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+
+
+class Workers:
+    """``relayer run orders`` processes, one per slot, each through its own proxy port."""
+
+    def __init__(
+        self,
+        folder: Path,
+        config: Callable[[int], str],
+        count: int,
+        extra_env: Callable[[int], dict[str, str]] = lambda slot: {},
+    ) -> None:
+        self.folder = folder
+        self.config = config
+        self.extra_env = extra_env
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []  # every process's, in start order
+        self.current_logs: dict[int, Path] = {}
+        self.count = count
+
+    def start(self) -> None:
+        for slot in range(self.count):
+            self.processes.append(self._spawn(slot))
+
+    def _spawn(self, slot: int) -> subprocess.Popen[bytes]:
+        path = self.folder / f"worker-{slot}.toml"
+        path.write_text(self.config(slot))
+        log = self.folder / f"worker-{slot}-{len(self.logs)}.log"
+        self.logs.append(log)
+        self.current_logs[slot] = log
+        with log.open("wb") as sink:
+            return subprocess.Popen(
+                command("--config", str(path), "run", "orders"),
+                env={**environment(), **self.extra_env(slot)},
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def pid(self, slot: int) -> int:
+        return self.processes[slot].pid
+
+    def signal(self, slot: int, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid(slot), signum)
+
+    def replace(self, slot: int) -> None:
+        """Start a new process on ``slot`` (after the old one was killed)."""
+        old = self.processes[slot]
+        old.wait(10)
+        self.processes[slot] = self._spawn(slot)
+
+    def assert_running(self) -> None:
+        for slot, process in enumerate(self.processes):
+            assert process.poll() is None, f"worker {slot} exited: {self.tail(slot)}"
+
+    def tail(self, slot: int, lines: int = 30) -> str:
+        return "\n".join(self.logs_of(slot).splitlines()[-lines:])
+
+    def logs_of(self, slot: int) -> str:
+        return self._log_text(self.current_logs[slot])
+
+    def all_logs(self) -> str:
+        return "\n".join(self._log_text(log) for log in self.logs)
+
+    @staticmethod
+    def _log_text(path: Path) -> str:
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> list[int | None]:
+        """SIGTERM every worker (SIGCONT first, in case one is stopped); SIGKILL after 30 s."""
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGCONT)
+                    process.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
+        for process in self.processes:
+            try:
+                codes.append(process.wait(30))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                codes.append(None)
+        return codes
+
+
+def worker_config(store: StoreSettings, dsn: str, settings: Settings, transport: str) -> str:
+    return f"""
+[worker]
+pool_size = {settings.pool_size}
+
+[stores.orders]
+dsn = "{dsn}"
+table_prefix = "{store.table_prefix}"
+lanes = {settings.lanes}
+lease_duration = "{settings.lease}s"
+poll_interval = "{settings.poll}s"
+batch_size = {settings.batch_size}
+retry_backoff = "{settings.retry_backoff}s"
+retry_backoff_max = "{settings.retry_backoff * 4}s"
+default_transport = "broker"
+
+[stores.orders.transports.broker]
+{transport}
+"""
+
+
+def via_proxy(dsn: str, port: int) -> str:
+    return make_conninfo(
+        dsn, host="127.0.0.1", port=str(port), sslmode="disable", gssencmode="disable"
+    )
+
+
+def upstream_of(dsn: str) -> tuple[str, int] | str:
+    """Where the PostgreSQL proxy connects: (host, port), or a Unix socket path."""
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "/var/run/postgresql").split(",")[0]
+    port = int(str(params.get("port") or 5432).split(",")[0])
+    if host.startswith("/"):
+        return f"{host}/.s.PGSQL.{port}"
+    return (host, port)
+
+
+class Run:
+    """One chaos scenario from start to report; use as a context manager, then ``finish``."""
+
+    def __init__(
+        self,
+        report: Report,
+        dsn: str,
+        folder: Path,
+        loop: LoopThread,
+        target: Target,
+        settings: Settings,
+        *,
+        extra_env: Callable[[int], dict[str, str]] = lambda slot: {},
+    ) -> None:
+        self.report = report
+        self.settings = settings
+        self.loop = loop
+        self.target = target
+        self.store = make_store(dsn, lanes=settings.lanes)
+        self.pg_proxy = loop.call(lambda: Proxy(upstream_of(dsn), protocol="postgres"))
+        self.ports = [loop.run(self.pg_proxy.listen(slot)) for slot in range(report.workers)]
+        self.workers = Workers(
+            folder,
+            lambda slot: worker_config(
+                self.store,
+                via_proxy(dsn, self.ports[slot]),
+                settings,
+                target.transport_toml(),
+            ),
+            report.workers,
+            extra_env,
+        )
+        self.writer = Writer(self.store, target.destination, settings)
+        self.started = time.monotonic()
+
+    def start(self) -> None:
+        """Apply the schema and the audit, start the workers, wait until each is a member,
+        start the writer."""
+        self.loop.run(apply_schema(self.store))
+        install_audit(self.store)
+        self.workers.start()
+        deadline = time.monotonic() + 30
+        while live_members(self.store) < self.report.workers:
+            self.workers.assert_running()
+            assert time.monotonic() < deadline, "the workers did not join within 30 s"
+            time.sleep(0.1)
+        self.started = time.monotonic()
+        self.writer.start()
+
+    def injected(self, count: int = 1) -> None:
+        self.report.injections += count
+
+    def finish(self, drain_seconds: float = 90) -> Report:
+        """Stop the writer, wait for the outbox to drain, stop the workers, read the broker,
+        and compute the report (the caller asserts ``report.problems()`` is empty)."""
+        from tests.chaos.checker import check
+
+        self.writer.stop()
+        deadline = time.monotonic() + drain_seconds
+        pending, parked = backlog(self.store)
+        while pending > 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pending, parked = backlog(self.store)
+        self.report.pending, self.report.parked = pending, parked
+        self.report.seconds = time.monotonic() - self.started
+        codes = self.workers.stop()
+        logs = self.workers.all_logs()
+        self.report.stale_rollbacks = logs.count("fenced delete matched")
+        received = self.target.read_all()
+        check(
+            self.report,
+            read_written(self.store),
+            received,
+            lanes=self.settings.lanes,
+            timed_out_keys=_timed_out_keys(logs),
+        )
+        self.report.audit = read_audit(self.store)
+        assert all(code == 0 for code in codes), f"workers did not stop cleanly: exit codes {codes}"
+        return self.report
+
+    def close(self) -> None:
+        self.writer.stopping.set()
+        with contextlib.suppress(Exception):
+            self.workers.stop()
+        with contextlib.suppress(Exception):
+            self.loop.run(self.pg_proxy.close())
+
+
+def _timed_out_keys(logs: str) -> set[str]:
+    """Keys a worker parked with a Kafka message timeout (the documented inversion case)."""
+    keys = set()
+    for line in logs.splitlines():
+        if "parked:" in line and "timed out" in line.lower() and "key '" in line:
+            keys.add(line.split("key '", 1)[1].split("'", 1)[0])
+    return keys
+
+
+@contextlib.contextmanager
+def running(run: Run) -> Iterator[Run]:
+    try:
+        run.start()
+        yield run
+    finally:
+        run.close()

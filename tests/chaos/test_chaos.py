@@ -1,0 +1,505 @@
+"""Chaos scenarios: three ``relayer run orders`` workers, a steady writer and one kind of fault
+each; then the checker verifies I1-I5 (tests/chaos/checker.py) and the result goes into the
+table printed at the end of the session (docs/chaos.md).
+
+``make chaos`` runs every scenario (marker ``chaos``); ``make test`` runs the short smoke
+versions (marker ``chaos_smoke``) of SIGKILL-before-delete and pg_terminate_backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from relayer.embedded import EmbeddedPostgres
+from tests.chaos.brokers import KafkaTarget, RabbitTarget
+from tests.chaos.checker import RESULTS, Report
+from tests.chaos.faults import StatementFaults, faketime_library, terminate
+from tests.chaos.harness import Run, Settings, Target, running
+from tests.chaos.proxy import LoopThread, Proxy
+
+SETTINGS = Settings()
+WORKERS = 3
+FULL = 12.0  # seconds of writing in a full scenario
+SMOKE = 5.0
+
+Scenario = Callable[[Run, float], None]
+
+
+def relay(
+    request: pytest.FixtureRequest,
+    fault: str,
+    target: Target,
+    dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+    scenario: Scenario,
+    seconds: float,
+    *,
+    prepare: Callable[[Run], None] = lambda run: None,
+    extra_env: Callable[[int], dict[str, str]] = lambda slot: {},
+) -> Report:
+    """Run ``scenario`` while the writer writes for ``seconds``, check, record, assert."""
+    name = request.node.name
+    report = Report(name, fault, target.name, WORKERS, SETTINGS.batch_size, injections=0)
+    marker = "chaos_smoke" if request.node.get_closest_marker("chaos_smoke") else "chaos"
+    report.command = f"pytest -m {marker} tests/chaos -k {name}"
+    run = Run(report, dsn, tmp_path, loop, target, SETTINGS, extra_env=extra_env)
+    prepare(run)
+    with running(run):
+        scenario(run, seconds)
+        until(run, seconds)
+        run.finish()
+    RESULTS.append(report)
+    assert not report.problems(), report.problems()
+    return report
+
+
+def until(run: Run, seconds: float) -> None:
+    """Sleep until ``seconds`` after the writer started, checking the workers meanwhile."""
+    while (left := run.started + seconds - time.monotonic()) > 0:
+        time.sleep(min(left, 0.2))
+
+
+def hold(run: Run, seconds: float) -> None:
+    until(run, time.monotonic() - run.started + seconds)
+
+
+# -- the scenarios -----------------------------------------------------------------------
+
+
+def no_fault(run: Run, seconds: float) -> None:
+    """Nothing happens: the baseline has no duplicates."""
+
+
+def kill_before_delete(run: Run, seconds: float) -> None:
+    faults = StatementFaults(run)
+    for slot, at in ((0, seconds / 6), (1, seconds / 2))[: 1 if seconds <= SMOKE else 2]:
+        until(run, at)
+        faults.kill_before_delete(slot).wait()
+        run.injected()
+        run.workers.replace(slot)
+
+
+def kill_during_commit(run: Run, seconds: float) -> None:
+    faults = StatementFaults(run)
+    for slot, at in ((0, seconds / 6), (1, seconds / 2)):
+        until(run, at)
+        faults.kill_during_commit(slot).wait()
+        run.injected()
+        run.workers.replace(slot)
+
+
+def stop_past_lease(run: Run, seconds: float) -> None:
+    faults = StatementFaults(run)
+    until(run, seconds / 6)
+    trigger = faults.stop_past_lease(0, SETTINGS.lease * 1.5)
+    trigger.wait()
+    run.injected()
+
+
+def terminate_backends(run: Run, seconds: float) -> None:
+    """At an outcome statement, then every relay connection of every worker at once."""
+    faults = StatementFaults(run)
+    until(run, seconds / 6)
+    faults.terminate_at_outcome(0).wait()
+    run.injected()
+    until(run, seconds / 2)
+    assert terminate(run.store.require_dsn()) > 0
+    run.injected()
+
+
+def postgres_proxy_faults(run: Run, seconds: float) -> None:
+    proxy_faults(run, run.pg_proxy, seconds)
+
+
+def proxy_faults(run: Run, proxy: Proxy, seconds: float) -> None:
+    """Latency (50 ms each way) for a while, a stall past the batch deadline, then resets."""
+    until(run, seconds / 6)
+    run.loop.call(lambda: setattr(proxy, "latency", 0.05))
+    hold(run, 3)
+    run.loop.call(lambda: setattr(proxy, "latency", 0.0))
+    run.injected()
+    until(run, seconds / 2)
+    run.loop.call(proxy.stall)
+    hold(run, SETTINGS.lease * 0.6)
+    run.loop.call(proxy.resume)
+    run.injected()
+    until(run, seconds * 3 / 4)
+    assert run.loop.call(proxy.reset) > 0
+    run.injected()
+
+
+# -- PostgreSQL and Kafka ------------------------------------------------------------------
+
+
+@pytest.mark.chaos
+def test_baseline(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(request, "none", kafka, pg_dsn, tmp_path, loop, no_fault, FULL)
+
+
+@pytest.mark.chaos
+def test_kill_before_delete(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(
+        request,
+        "SIGKILL after send, before delete (x2)",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        kill_before_delete,
+        FULL,
+    )
+
+
+@pytest.mark.chaos_smoke
+def test_smoke_kill_before_delete(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(
+        request,
+        "SIGKILL after send, before delete",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        kill_before_delete,
+        SMOKE,
+    )
+
+
+@pytest.mark.chaos
+def test_kill_during_commit(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(
+        request,
+        "SIGKILL during COMMIT (x2)",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        kill_during_commit,
+        FULL,
+    )
+
+
+@pytest.mark.chaos
+def test_stop_past_lease(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(
+        request,
+        "SIGSTOP mid-batch for 1.5 leases, SIGCONT",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        stop_past_lease,
+        FULL,
+    )
+
+
+@pytest.mark.chaos
+def test_terminate_backends(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(
+        request,
+        "pg_terminate_backend: at an outcome, then all relay connections",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        terminate_backends,
+        FULL,
+    )
+
+
+@pytest.mark.chaos_smoke
+def test_smoke_terminate_backends(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(
+        request,
+        "pg_terminate_backend: at an outcome, then all relay connections",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        terminate_backends,
+        SMOKE,
+    )
+
+
+@pytest.mark.chaos
+def test_postgres_restart(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    own_postgres: tuple[EmbeddedPostgres, str],
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    server = own_postgres[0]
+
+    def restart(run: Run, seconds: float) -> None:
+        until(run, seconds / 3)
+        server.restart("immediate")
+        run.injected()
+
+    relay(
+        request,
+        "PostgreSQL crash (pg_ctl -m immediate) and restart",
+        kafka,
+        own_postgres[1],
+        tmp_path,
+        loop,
+        restart,
+        FULL,
+    )
+
+
+@pytest.mark.chaos
+def test_postgres_proxy(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(
+        request,
+        "proxy to PostgreSQL: 50 ms latency, 2.4 s stall, resets",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        postgres_proxy_faults,
+        FULL,
+    )
+
+
+@pytest.mark.chaos
+def test_lost_notify(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    def lose_notifications(run: Run) -> None:
+        run.pg_proxy.drop_notifications = True
+
+    def dropped(run: Run, seconds: float) -> None:
+        until(run, seconds / 2)
+        assert run.pg_proxy.dropped_notifications > 0
+
+    relay(
+        request,
+        "every NOTIFY lost (the proxy drops them)",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        dropped,
+        FULL,
+        prepare=lose_notifications,
+    )
+
+
+@pytest.mark.chaos
+def test_clock_skew(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    library = faketime_library()
+    if library is None:
+        pytest.skip("libfaketime is not installed (make chaos installs it with apt-get)")
+
+    def skewed(slot: int) -> dict[str, str]:
+        if slot != 0:
+            return {}
+        # Two hours behind, and its clocks (monotonic too) run at 0.6 of real time.
+        return {"LD_PRELOAD": str(library), "FAKETIME": "-2h x0.6"}
+
+    def skew(run: Run, seconds: float) -> None:
+        run.injected()
+
+    relay(
+        request,
+        "one worker's clock -2 h and at 0.6x speed (libfaketime)",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        skew,
+        FULL,
+        extra_env=skewed,
+    )
+
+
+@pytest.mark.chaos
+def test_kafka_broker_restart(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    target = kafka
+
+    def restart(run: Run, seconds: float) -> None:
+        until(run, seconds / 3)
+        target.restart()
+        run.injected()
+
+    relay(
+        request,
+        "Kafka broker killed and restarted empty (topic recreated)",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        restart,
+        FULL,
+    )
+
+
+@pytest.mark.chaos
+def test_kafka_proxy(
+    request: pytest.FixtureRequest,
+    kafka: KafkaTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    target = kafka
+
+    def faults(run: Run, seconds: float) -> None:
+        proxy_faults(run, target.proxy, seconds)
+
+    relay(
+        request,
+        "proxy to Kafka: 50 ms latency, 2.4 s stall, resets",
+        kafka,
+        pg_dsn,
+        tmp_path,
+        loop,
+        faults,
+        FULL,
+    )
+
+
+# -- RabbitMQ ------------------------------------------------------------------------------
+
+
+@pytest.mark.chaos
+def test_rabbitmq_close_connections(
+    request: pytest.FixtureRequest,
+    rabbitmq: RabbitTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    target = rabbitmq
+
+    def close(run: Run, seconds: float) -> None:
+        for at in (seconds / 4, seconds * 2 / 3):
+            until(run, at)
+            target.close_connections()
+            run.injected()
+
+    relay(
+        request,
+        "rabbitmqctl close_all_connections (x2)",
+        rabbitmq,
+        pg_dsn,
+        tmp_path,
+        loop,
+        close,
+        FULL,
+    )
+
+
+@pytest.mark.chaos
+def test_rabbitmq_proxy(
+    request: pytest.FixtureRequest,
+    rabbitmq: RabbitTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    target = rabbitmq
+
+    def faults(run: Run, seconds: float) -> None:
+        assert target.proxy is not None
+        proxy_faults(run, target.proxy, seconds)
+
+    relay(
+        request,
+        "proxy to RabbitMQ: 50 ms latency, 2.4 s stall, resets",
+        rabbitmq,
+        pg_dsn,
+        tmp_path,
+        loop,
+        faults,
+        FULL,
+    )
+
+
+@pytest.mark.chaos
+def test_rabbitmq_kill_before_delete(
+    request: pytest.FixtureRequest,
+    rabbitmq: RabbitTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    relay(
+        request,
+        "SIGKILL after send, before delete (x2)",
+        rabbitmq,
+        pg_dsn,
+        tmp_path,
+        loop,
+        kill_before_delete,
+        FULL,
+    )
