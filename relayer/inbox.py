@@ -31,11 +31,11 @@ from uuid import UUID
 import psycopg
 
 from relayer.errors import InvalidMessageError, SchemaNotAppliedError
-from relayer.sequences import SEQUENCE_HEADER, sequence_of
+from relayer.sequences import sequence_of
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.transactions import async_connection, require_transaction, sync_connection
-from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER
+from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQUENCE_HEADER
 
 MAX_CONSUMER_NAME = 200
 _SYNC_NAMES = "claim / claim_message"

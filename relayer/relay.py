@@ -153,7 +153,9 @@ class LaneRelay:
         # Time kept back from the batch deadline for the outcome statement and the commit.
         self.commit_reserve = lease / 8
         self.poll = store.poll_interval.total_seconds()
-        self.backoff = store.retry_backoff.total_seconds()
+        # After database or broker trouble (not a row's fault): retry soon, whatever the
+        # parked keys' backoff is.
+        self.backoff = min(store.retry_backoff.total_seconds(), lease / 3)
 
     def after_probe(self, head: LaneHead) -> ScanResult | None:
         """The result of a scan the probe already decided, or None if the lane must be sent."""
@@ -199,12 +201,12 @@ class LaneRelay:
             async with asyncio.timeout(self.batch_deadline):
                 return await self._batch(conn, lane, started)
         except TimeoutError:
-            await _abandon(conn)
+            await abandon(conn)
             return ScanResult(
                 lane, Scan.FAILED, self.backoff, detail="batch deadline passed; rolled back"
             )
         except (psycopg.Error, FencedWriteError) as exc:
-            await _abandon(conn)
+            await abandon(conn)
             logger.warning(
                 "lane %s of store %s rolled back: %s",
                 lane,
@@ -320,7 +322,7 @@ def _until_future(rows: list[PendingRow]) -> list[PendingRow]:
     return rows
 
 
-async def _abandon(conn: psycopg.AsyncConnection[Any]) -> None:
+async def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
     """Roll back after trouble; a connection in doubt is closed (the pool replaces it)."""
     try:
         if conn.broken or conn.closed:

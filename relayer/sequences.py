@@ -20,7 +20,7 @@ from typing import Any, LiteralString
 
 import psycopg
 
-SEQUENCE_HEADER = "relayer-sequence"
+from relayer.transports.base import SEQUENCE_HEADER
 
 
 def _counts(keys: Iterable[str | None]) -> dict[str, list[Any]]:

@@ -43,6 +43,7 @@ STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=1)
 MAX_BATCH = 10_000
+MAX_BACKOFF = timedelta(days=7)
 _RANGES = {
     "lanes": (1, MAX_LANES),
     "batch_size": (1, MAX_BATCH),
@@ -177,6 +178,8 @@ class StoreSettings(BaseModel):
     def _check_positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):
             raise ValueError("must be greater than 0")
+        if value > MAX_BACKOFF:
+            raise ValueError("must be at most 7 days")
         return value
 
     @field_validator("unordered_grace")

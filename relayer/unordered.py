@@ -33,7 +33,7 @@ import psycopg
 
 from relayer.errors import FencedWriteError, TransportError
 from relayer.redact import redact
-from relayer.relay import _abandon  # roll back, or close a connection in doubt
+from relayer.relay import abandon
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store import Failure
@@ -111,7 +111,7 @@ class UnorderedSender:
                 report = await self._publish([_message(row) for row in rows], wait_until)
                 sent, failed = await self._settle(conn, report)
         except (TimeoutError, psycopg.Error, FencedWriteError) as exc:
-            await _abandon(conn)
+            await abandon(conn)
             detail = "deadline passed" if isinstance(exc, TimeoutError) else redact(str(exc))
             logger.warning(
                 "store %s: unordered batch of %s rows rolled back (%s); they are sent again later",

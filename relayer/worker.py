@@ -51,6 +51,9 @@ from relayer.transports.base import Transport
 
 logger = logging.getLogger(__name__)
 
+# How long a LISTEN connection waits for a notification before checking for shutdown.
+LISTEN_WAIT = 0.5
+
 
 @dataclass(slots=True)
 class StoreStats:
@@ -173,22 +176,12 @@ class StoreRuntime:
                 async with await self._connect_autocommit() as conn:
                     await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self.wake_all()  # anything written while we were not listening
-                    notifies = conn.notifies()
-                    stopping = asyncio.ensure_future(stop.wait())
-                    try:
-                        while not stop.is_set():
-                            received = asyncio.ensure_future(anext(notifies))
-                            done, _ = await asyncio.wait(
-                                {received, stopping}, return_when=asyncio.FIRST_COMPLETED
-                            )
-                            if received not in done:
-                                received.cancel()
-                                break
-                            received.result()
+                    while not stop.is_set():
+                        # Bounded waits instead of cancelling a pending read: a cancelled
+                        # notifies() generator can keep the connection busy at close.
+                        async for _ in conn.notifies(timeout=LISTEN_WAIT, stop_after=1):
                             self.wake_all()
-                    finally:
-                        stopping.cancel()
-            except (psycopg.Error, OSError, StopAsyncIteration) as exc:
+            except (psycopg.Error, OSError) as exc:
                 logger.warning(
                     "LISTEN on store %s lost: %s; polling until it is back",
                     self.store.name,

@@ -24,11 +24,12 @@ from relayer.errors import InvalidMessageError
 from relayer.ids import uuid7, uuid7_block
 from relayer.lanes import lane_for
 from relayer.schema import StoreMeta, verify_meta
-from relayer.sequences import SEQUENCE_HEADER, reserve_async, reserve_sync, stamped_json
+from relayer.sequences import reserve_async, reserve_sync, stamped_json
 from relayer.settings import RelayerSettings, StoreSettings
 from relayer.sql import queries_for
 from relayer.tracing import with_trace_context
 from relayer.transactions import async_connection, require_transaction, sync_connection
+from relayer.transports.base import SEQUENCE_HEADER
 
 MAX_KEY_BYTES = 1024
 MAX_DESTINATION_BYTES = 1024
@@ -109,7 +110,8 @@ class Outbox:
         self.store = store
         self._queries = queries_for(store.names)
         self._channel = store.names.notify_channel
-        self._insert = self._queries["insert_message_notify" if store.notify else "insert_message"]
+        self._insert = self._queries["insert_message"]
+        self._insert_notify = self._queries["insert_message_notify"]
         self._reserve = self._queries["reserve_sequences"]
         self._meta: StoreMeta | None = None
         self._meta_lock = threading.Lock()
@@ -250,8 +252,7 @@ class Outbox:
         if self.store.sequence_numbers and fields[1] is not None:
             fields = self._stamp([fields], reserve_sync(connection, self._reserve, [fields[1]]))[0]
         row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
-        params: Sequence[object] = (*row, self._channel) if self.store.notify else row
-        connection.execute(self._insert, params)
+        connection.execute(*self._insert_statement(row))
         self._remember_unordered(conn, [row])
         return row[0]
 
@@ -271,10 +272,19 @@ class Outbox:
                 copy.set_types(_COPY_TYPES)
                 for row in rows:
                     copy.write_row(row)
-            if self.store.notify:
+            if self._wakes_workers(rows):
                 cursor.execute(self._queries["notify"], (self._channel,))
         self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
+
+    def _wakes_workers(self, rows: Sequence[Row]) -> bool:
+        """Only ordered rows wake the workers; unordered ones are sent after the commit."""
+        return self.store.notify and any(row[1] is not None for row in rows)
+
+    def _insert_statement(self, row: Row) -> tuple[str, Sequence[object]]:
+        if self._wakes_workers([row]):
+            return self._insert_notify, (*row, self._channel)
+        return self._insert, row
 
     def _verify_sync(self, connection: psycopg.Connection[Any]) -> None:
         require_transaction(connection, "outbox row")
@@ -313,8 +323,7 @@ class Outbox:
             first = await reserve_async(connection, self._reserve, [fields[1]])
             fields = self._stamp([fields], first)[0]
         row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
-        params: Sequence[object] = (*row, self._channel) if self.store.notify else row
-        await connection.execute(self._insert, params)
+        await connection.execute(*self._insert_statement(row))
         self._remember_unordered(conn, [row])
         return row[0]
 
@@ -334,7 +343,7 @@ class Outbox:
                 copy.set_types(_COPY_TYPES)
                 for row in rows:
                     await copy.write_row(row)
-            if self.store.notify:
+            if self._wakes_workers(rows):
                 await cursor.execute(self._queries["notify"], (self._channel,))
         self._remember_unordered(conn, rows)
         return [row[0] for row in rows]

@@ -134,7 +134,9 @@ WITH fence AS (
     INSERT INTO {parked} AS p (ordering_key, lane, head_id, attempts, last_error, retry_at)
     SELECT ordering_key, %(lane)s, id, attempts, error,
            CASE WHEN permanent OR attempts >= %(max_attempts)s THEN NULL
-                ELSE now() + least(%(backoff)s * power(2, attempts - 1), %(backoff_max)s)
+                -- The exponent is capped: 2^20 backoffs exceed any backoff_max (at most 7 days),
+                -- and an unbounded power would overflow the interval after a few dozen attempts.
+                ELSE now() + least(%(backoff)s * power(2, least(attempts - 1, 20)), %(backoff_max)s)
            END
     FROM counted
     ON CONFLICT (ordering_key) DO UPDATE

@@ -11,6 +11,7 @@ from typing import Any
 from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,
+    SEQUENCE_HEADER,
     DestinationError,
     OutgoingMessage,
     SendError,
@@ -38,6 +39,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "MESSAGE_ID_HEADER",
     "ORDERING_KEY_HEADER",
+    "SEQUENCE_HEADER",
     "DestinationError",
     "KafkaTransport",
     "MemoryTransport",

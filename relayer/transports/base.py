@@ -29,6 +29,8 @@ from relayer.errors import TransportError
 
 MESSAGE_ID_HEADER = "relayer-message-id"
 ORDERING_KEY_HEADER = "relayer-ordering-key"
+# Stamped by the writer when the store numbers each key's messages (sequence_numbers = true).
+SEQUENCE_HEADER = "relayer-sequence"
 
 
 @dataclass(frozen=True, slots=True)

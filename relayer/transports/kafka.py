@@ -156,7 +156,7 @@ class KafkaTransport:
             "Kafka transport %s connected to %s",
             self._name,
             self._shown.get("bootstrap.servers"),
-            extra={"action": "transport-start"},
+            extra={"action": "transport_start"},
         )
 
     async def ordered_by_key(self, destination: str) -> bool:
@@ -292,7 +292,7 @@ class KafkaTransport:
                 "Kafka transport %s rebuilt its producer after a fatal error: %s",
                 self._name,
                 generation.fatal,
-                extra={"action": "transport-rebuild", "error": generation.fatal},
+                extra={"action": "transport_rebuild", "error": generation.fatal},
             )
         self._replaced.set()
 
@@ -349,7 +349,7 @@ class KafkaTransport:
                 "Kafka transport %s: %s",
                 self._name,
                 redact(_text(error)),
-                extra={"action": "transport-error", "error": redact(_text(error))},
+                extra={"action": "transport_error", "error": redact(_text(error))},
             )
 
     def _poll_forever(self) -> None:

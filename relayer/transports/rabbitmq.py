@@ -130,7 +130,7 @@ class RabbitMQTransport:
             "RabbitMQ transport %s connected to %s",
             self._name,
             self._shown_url,
-            extra={"action": "transport-start"},
+            extra={"action": "transport_start"},
         )
 
     async def ordered_by_key(self, destination: str) -> bool:
@@ -199,7 +199,7 @@ class RabbitMQTransport:
                     "RabbitMQ transport %s closes with %s unconfirmed messages",
                     self._name,
                     len(late),
-                    extra={"action": "transport-close", "rows": len(late)},
+                    extra={"action": "transport_close", "rows": len(late)},
                 )
         await self._disconnect()
         if pending:
@@ -297,7 +297,7 @@ class RabbitMQTransport:
             logger.debug(
                 "RabbitMQ transport %s opened a publishing channel",
                 self._name,
-                extra={"action": "transport-connect"},
+                extra={"action": "transport_connect"},
             )
             return self._underlay
 

@@ -33,7 +33,7 @@ def test_secrets_in_messages_fields_and_reprs_are_masked(formatter: logging.Form
         formatter,
         "store %s: cannot connect to %s with %r",
         ("orders", "postgresql://relayer:pg-secret-1@db:5432/app", config),
-        action="transport-error",
+        action="transport_error",
         store="orders",
         error=ValueError("auth failed, token: token-secret-3"),
     )

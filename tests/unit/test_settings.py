@@ -273,3 +273,9 @@ def test_redact_removes_passwords(text: str) -> None:
     assert "pw" not in shown.replace("pwd", "")
     assert "p w" not in shown
     assert "***" in shown
+
+
+def test_backoffs_are_bounded() -> None:
+    error = error_of(retry_backoff="8d", retry_backoff_max="9d")
+    assert error.field == "stores.orders.retry_backoff"
+    assert "at most 7 days" in error.rule

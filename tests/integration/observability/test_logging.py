@@ -87,7 +87,7 @@ def test_an_unreachable_broker_fails_start_up_without_secrets(
     check_no_secret(result.stdout + result.stderr)
     if log_format == "json":
         actions = {record.get("action") for record in json_records(result.stderr)}
-        assert {"transport", "transport-error", "stop"} <= actions
+        assert {"transport", "transport_error", "stop"} <= actions
 
 
 @pytest.mark.parametrize("log_format", ["json", "text"])

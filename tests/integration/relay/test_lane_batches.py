@@ -316,3 +316,27 @@ async def test_probe_is_one_query_for_lanes_scanned_together(
 
 async def connection_autocommit(store: StoreSettings) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True)
+
+
+async def test_backoff_stays_bounded_after_many_attempts(
+    pg_dsn: str, memory: MemoryTransport
+) -> None:
+    store = make_store(
+        pg_dsn,
+        lanes=1,
+        max_attempts=1_000_000,
+        retry_backoff="7d",
+        retry_backoff_max="7d",
+        transports={"memory": {"type": "memory"}},
+        default_transport="memory",
+    )
+    await apply_schema(store)
+    [key] = keys_in_lane(store, 0, 1)
+    write(store, [key])
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
+        conn.execute("UPDATE orders_outbox SET attempts = 999")
+    memory.fail_key(key)
+    result = await send(LaneRelay(store, {"memory": memory}, MEMBER), 0)
+    assert result.scan is Scan.SENT and result.failed == 1  # recorded, not rolled back
+    attempts, _, waits_for_operator = parked(store)[key]
+    assert attempts == 1000 and not waits_for_operator
