@@ -247,8 +247,19 @@ class WorkerMetrics:
                     status, body, kind = b"405 Method Not Allowed", b"", "text/plain"
                 elif path.split(b"?")[0] in (b"/metrics", b"/"):
                     status, body, kind = b"200 OK", self.render(), CONTENT_TYPE_LATEST
+                elif path.split(b"?")[0] == b"/healthz":
+                    # Answered from the worker's own event loop: an answer means it is alive.
+                    status, body, kind = b"200 OK", b"ok\n", "text/plain"
+                elif path.split(b"?")[0] == b"/readyz":
+                    ready, reason = self.worker.readiness()
+                    status = b"200 OK" if ready else b"503 Service Unavailable"
+                    body, kind = reason.encode() + b"\n", "text/plain"
                 else:
-                    status, body, kind = b"404 Not Found", b"see /metrics\n", "text/plain"
+                    status, body, kind = (
+                        b"404 Not Found",
+                        b"see /metrics, /healthz or /readyz\n",
+                        "text/plain",
+                    )
                 head = (
                     b"HTTP/1.1 " + status + b"\r\nContent-Type: " + kind.encode()
                     + b"\r\nContent-Length: " + str(len(body)).encode()

@@ -291,6 +291,16 @@ class Worker:
             return
         await self.runtimes[job.queue].scan(job.key)
 
+    def readiness(self) -> tuple[bool, str]:
+        """Whether this worker serves every store: started, and each store's heartbeat
+        succeeded within the last lease (the answer of ``/readyz``)."""
+        if not self.started.is_set():
+            return False, "starting"
+        lapsed = [name for name, runtime in self.runtimes.items() if runtime.membership.expired()]
+        if lapsed:
+            return False, "heartbeats failing for " + ", ".join(lapsed)
+        return True, "ready"
+
     @property
     def lanes(self) -> dict[str, frozenset[int]]:
         """The lanes each store's membership currently gives this worker."""

@@ -6,6 +6,8 @@ import asyncio
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import psycopg
 import pytest
@@ -70,6 +72,14 @@ def drained(result: Scrape) -> bool:
     )
 
 
+def probe(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode().strip()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode().strip()
+
+
 def test_relayer_run_metrics_show_the_lag_per_lane_falling_to_zero(
     memory_store: StoreSettings,
 ) -> None:
@@ -100,6 +110,9 @@ def test_relayer_run_metrics_show_the_lag_per_lane_falling_to_zero(
         assert before.value("relayer_dispatch_gate", queue="orders", state="paused") == 1
         asyncio.run(set_paused(memory_store, False))
         after = scrape_until(port, drained)
+        assert probe(port, "/healthz") == (200, "ok")
+        assert probe(port, "/readyz") == (200, "ready")
+        assert probe(port, "/nothing-here")[0] == 404
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=30)
