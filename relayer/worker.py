@@ -124,6 +124,10 @@ class StoreRuntime:
             store, self.transports, self.pool, now, leader=lambda: 0 in self.membership.lanes
         )
         self.stats = StoreStats()
+        self._waking: asyncio.Future[None] | None = None
+        self._wake_again = False
+        # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
+        self._due_heads: dict[int, float] = {}
 
     async def _connect_autocommit(self) -> psycopg.AsyncConnection[Any]:
         return await connect(self.store, purpose=f"{self.store.name}:control")
@@ -136,22 +140,47 @@ class StoreRuntime:
                 self.queue.discard(lane)
 
     def wake_all(self) -> None:
-        """A writer committed rows (NOTIFY): scan every owned lane now."""
-        now = self.now()
-        for lane in self.membership.lanes:
-            self.queue.schedule(lane, now)
+        """A writer committed rows (NOTIFY): probe every owned lane in one query and scan the
+        lanes whose head is due, now. Wake-ups that arrive during a probe fold into one more."""
+        if self._waking is not None and not self._waking.done():
+            self._wake_again = True
+            return
+        self._waking = asyncio.ensure_future(self._wake())
+
+    async def _wake(self) -> None:
+        self._wake_again = True
+        while self._wake_again:
+            self._wake_again = False
+            lanes = sorted(self.membership.lanes)
+            try:
+                heads = await asyncio.gather(*(self.prober.head(lane) for lane in lanes))
+            except (psycopg.Error, OSError) as exc:
+                self.stats.last_error = redact(str(exc))
+                return  # each lane's own poll covers the gap
+            now = self.now()
+            for head in heads:
+                decided = self.relay.after_probe(head)
+                if decided is None:
+                    self._due_heads[head.lane] = now
+                    self.queue.schedule(head.lane, now)
+                elif decided.scan is Scan.FUTURE:
+                    self.queue.schedule(head.lane, now + decided.next_in)
 
     async def scan(self, lane: int) -> None:
         """One lane scan: probe, and send a batch if the head is due; then reschedule."""
         if lane not in self.membership.lanes or self.membership.expired():
             return  # not ours (any more): membership reschedules it if it comes back
-        try:
-            head = await self.prober.head(lane)
-        except (psycopg.Error, OSError) as exc:
-            self.stats.last_error = redact(str(exc))
-            self.queue.schedule(lane, self.now() + self.relay.backoff)
-            return
-        result = self.relay.after_probe(head)
+        result: ScanResult | None = None
+        seen = self._due_heads.pop(lane, None)
+        if seen is None or self.now() - seen > self.relay.poll:
+            # Not just seen due by a wake-up probe: probe first (no writes for idle lanes).
+            try:
+                head = await self.prober.head(lane)
+            except (psycopg.Error, OSError) as exc:
+                self.stats.last_error = redact(str(exc))
+                self.queue.schedule(lane, self.now() + self.relay.backoff)
+                return
+            result = self.relay.after_probe(head)
         if result is None:
             async with self.pool.connection() as conn:
                 started = time.perf_counter()
@@ -200,6 +229,10 @@ class StoreRuntime:
         self.maintenance.start()
 
     async def close(self) -> None:
+        if self._waking is not None:
+            self._waking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._waking
         await self.membership.leave()
         await self.prober.close()
         await self.pool.close()

@@ -1,0 +1,198 @@
+"""Commit-to-acknowledgement latency at a steady write rate.
+
+    python bench/latency.py [--rate 1000] [--seconds 20] [--transport memory|kafka]
+
+A writer process commits one outbox row per transaction at ``--rate`` rows/s (spread over a
+few connections) and records each row's commit time. One worker in this process relays them;
+a thin wrapper around its transport records when the broker acknowledged each message. The
+latency of a row is acknowledgement time minus commit time (both wall clock on this machine).
+Prints p50/p90/p99/max after a warm-up. Never asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+
+from bench.common import machine, postgres, scratch_schema, server_version
+from relayer import Outbox, schema
+from relayer.settings import StoreSettings, WorkerSettings, store_settings
+from relayer.transports.base import OutgoingMessage, Transport
+from relayer.transports.memory import MemoryTransport
+from relayer.worker import Worker
+
+WRITERS = 4
+
+
+class AckClock:
+    """Wraps a transport and notes the wall-clock time each message was acknowledged."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.acked: dict[str, float] = {}
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def pipelines_within_key(self) -> bool:
+        return self.inner.pipelines_within_key
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def ordered_by_key(self, destination: str) -> bool:
+        return await self.inner.ordered_by_key(destination)
+
+    async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
+        acknowledgement = asyncio.ensure_future(await self.inner.publish(message))
+        acknowledgement.add_done_callback(
+            lambda done: (
+                self.acked.__setitem__(str(message.id), time.time())
+                if not done.cancelled() and done.exception() is None
+                else None
+            )
+        )
+        return acknowledgement
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def write_steadily(
+    store: StoreSettings, destination: str, rate: float, seconds: float, out: str, index: int
+) -> None:
+    """One writer connection: rate / WRITERS transactions per second, one row each."""
+    outbox = Outbox(store)
+    interval = WRITERS / rate
+    committed: dict[str, float] = {}
+    with psycopg.connect(store.require_dsn()) as conn:
+        started = time.perf_counter()
+        number = 0
+        while (elapsed := time.perf_counter() - started) < seconds:
+            pause = number * interval - elapsed
+            if pause > 0:
+                time.sleep(pause)
+            message_id = outbox.write(
+                conn, destination=destination, body=b"x" * 200, key=f"key-{index}-{number % 250}"
+            )
+            conn.commit()
+            committed[str(message_id)] = time.time()
+            number += 1
+    Path(out).write_text(json.dumps(committed))
+
+
+async def measure(
+    store: StoreSettings, transport: Transport, arguments: argparse.Namespace
+) -> None:
+    clock = AckClock(transport)
+    worker = Worker([store], transports={store.name: {"broker": clock}}, settings=WorkerSettings())
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await worker.started.wait()
+    await asyncio.sleep(1)  # membership settled, lanes scheduled
+    with tempfile.TemporaryDirectory() as folder:
+        context = multiprocessing.get_context("spawn")
+        processes = [
+            context.Process(
+                target=write_steadily,
+                args=(
+                    store,
+                    arguments.destination,
+                    arguments.rate,
+                    arguments.seconds,
+                    f"{folder}/{index}.json",
+                    index,
+                ),
+            )
+            for index in range(WRITERS)
+        ]
+        for process in processes:
+            process.start()
+        while any(process.is_alive() for process in processes):
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2)  # the last rows' acknowledgements
+        committed: dict[str, float] = {}
+        for index in range(WRITERS):
+            text = await asyncio.to_thread(Path(f"{folder}/{index}.json").read_text)
+            committed.update(json.loads(text))
+    stop.set()
+    await task
+    warm_up = min(committed.values()) + 2.0
+    latencies = sorted(
+        (clock.acked[message_id] - at) * 1000
+        for message_id, at in committed.items()
+        if at >= warm_up and message_id in clock.acked
+    )
+    missing = sum(1 for message_id in committed if message_id not in clock.acked)
+    rate = len(committed) / arguments.seconds
+    print(
+        f"{len(committed):,} rows at {rate:,.0f} rows/s over {arguments.seconds:g} s "
+        f"({WRITERS} writer connections, one row per transaction), {missing} not acknowledged"
+    )
+    quantiles = statistics.quantiles(latencies, n=100)
+    print(
+        f"commit-to-ack latency ({arguments.transport}): p50 {quantiles[49]:.2f} ms, "
+        f"p90 {quantiles[89]:.2f} ms, p99 {quantiles[98]:.2f} ms, max {latencies[-1]:.2f} ms"
+    )
+
+
+async def main_async(arguments: argparse.Namespace) -> None:
+    with postgres(arguments.dsn) as dsn:
+        print(f"machine: {machine()}; {server_version(dsn)}")
+        with scratch_schema(dsn, "latency") as schema_name:
+            store = store_settings(
+                name="latency",
+                dsn=dsn,
+                schema=schema_name,
+                table_prefix="l_",
+                lanes=64,
+                transports={"broker": {"type": "memory"}},
+                default_transport="broker",
+            )
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await schema.apply(conn, store)
+            if arguments.transport == "kafka":
+                await kafka_run(store, arguments)
+            else:
+                arguments.destination = "events"
+                await measure(store, MemoryTransport("broker"), arguments)
+
+
+async def kafka_run(store: StoreSettings, arguments: argparse.Namespace) -> None:
+    from bench.transport_bare import create_topic, kafka_cluster
+    from relayer.transports.kafka import KafkaTransport
+
+    with kafka_cluster(arguments.kafka_bootstrap) as bootstrap:
+        arguments.destination = create_topic(bootstrap)
+        options: dict[str, Any] = {"bootstrap.servers": bootstrap}
+        await measure(store, KafkaTransport("broker", options), arguments)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dsn")
+    parser.add_argument("--rate", type=float, default=1000)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--transport", choices=("memory", "kafka"), default="memory")
+    parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
