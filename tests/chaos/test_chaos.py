@@ -343,40 +343,12 @@ def test_lost_notify(
 
 
 @pytest.mark.chaos
-def test_clock_skew(
-    request: pytest.FixtureRequest,
-    kafka: KafkaTarget,
-    pg_dsn: str,
-    tmp_path: Path,
-    loop: LoopThread,
-) -> None:
-    library = faketime_library()
-    if library is None:
-        pytest.skip("libfaketime is not installed (make chaos installs it with apt-get)")
-
-    def skewed(slot: int) -> dict[str, str]:
-        if slot != 0:
-            return {}
-        # Two hours behind, and its clocks (monotonic too) run at 0.6 of real time.
-        return {"LD_PRELOAD": str(library), "FAKETIME": "-2h x0.6"}
-
-    def skew(run: Run, seconds: float) -> None:
-        run.injected()
-
-    relay(
-        request,
-        "one worker's clock -2 h and at 0.6x speed (libfaketime)",
-        kafka,
-        pg_dsn,
-        tmp_path,
-        loop,
-        skew,
-        FULL,
-        extra_env=skewed,
-    )
-
-
-@pytest.mark.chaos
+@pytest.mark.xfail(
+    strict=True,
+    reason="stuck lanes after the broker restart: a fatal error raised by producer.poll() "
+    "ends the Kafka transport's poll thread (test_findings.py), and producers that only get "
+    "UNKNOWN_PRODUCER_ID keep bumping their epoch without ever being rebuilt (docs/chaos.md)",
+)
 def test_kafka_broker_restart(
     request: pytest.FixtureRequest,
     kafka: KafkaTarget,
@@ -502,4 +474,40 @@ def test_rabbitmq_kill_before_delete(
         loop,
         kill_before_delete,
         FULL,
+    )
+
+
+@pytest.mark.chaos
+def test_clock_skew(
+    request: pytest.FixtureRequest,
+    rabbitmq: RabbitTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    # On RabbitMQ: librdkafka's timed waits hang or spin under libfaketime (its threads wait on
+    # absolute times that the preload shifts), which would test libfaketime, not relayer.
+    library = faketime_library()
+    if library is None:
+        pytest.skip("libfaketime is not installed (make chaos installs it with apt-get)")
+
+    def skewed(slot: int) -> dict[str, str]:
+        if slot != 0:
+            return {}
+        # Two hours behind, and its clocks (monotonic too) run at 0.6 of real time.
+        return {"LD_PRELOAD": str(library), "FAKETIME": "-2h x0.6"}
+
+    def skew(run: Run, seconds: float) -> None:
+        run.injected()
+
+    relay(
+        request,
+        "one worker's clocks -2 h and at 0.6x speed (libfaketime)",
+        rabbitmq,
+        pg_dsn,
+        tmp_path,
+        loop,
+        skew,
+        FULL,
+        extra_env=skewed,
     )
