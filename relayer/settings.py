@@ -40,6 +40,10 @@ from relayer.lanes import MAX_LANES
 from relayer.redact import MASK, is_secret_name, redact, redact_mapping
 
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+STORE_NAME_RULE = (
+    "a store name is 1-63 characters: letters, digits, '_', '.' or '-', starting with a letter "
+    "or digit (names are case-sensitive)"
+)
 MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(hours=1)
 MAX_BATCH = 10_000
@@ -142,10 +146,7 @@ class StoreSettings(BaseModel):
     @classmethod
     def _check_name(cls, value: str) -> str:
         if not STORE_NAME.fullmatch(value):
-            raise ValueError(
-                "a store name is 1-63 characters: letters, digits, '_', '.' or '-', "
-                "starting with a letter or digit (names are case-sensitive)"
-            )
+            raise ValueError(STORE_NAME_RULE)
         return value
 
     @field_validator("lanes", "batch_size", "max_attempts", "max_body_bytes")
@@ -344,6 +345,8 @@ class RelayerSettings(BaseSettings):
         try:
             store = self.stores[name]
         except KeyError:
+            if not STORE_NAME.fullmatch(name):
+                raise ConfigurationError("store", name, STORE_NAME_RULE) from None
             raise ConfigurationError(
                 "store",
                 name,
@@ -417,6 +420,8 @@ def configuration_error_from(exc: ValidationError, prefix: str = "") -> Configur
         value, rule = error.value, error.rule
     elif isinstance(error, ConfigurationError):
         value, rule = error.value, error.rule
+    elif first["type"] == "extra_forbidden":
+        rule = "is not a setting relayer knows; fix its name or remove it"
     elif rule.startswith("Value error, "):
         rule = rule.removeprefix("Value error, ")
     field = ".".join(part for part in ([prefix] if prefix else []) + location if part)

@@ -6,8 +6,9 @@ import argparse
 from typing import Any
 
 from relayer import parked
-from relayer.cli.common import EXIT_OK, EXIT_USAGE, Context
+from relayer.cli.common import EXIT_OK, Context
 from relayer.connection import connect
+from relayer.errors import ConfigurationError
 
 
 def register(commands: Any) -> None:
@@ -65,11 +66,12 @@ async def _redrive(context: Context) -> int:
 async def _drop(context: Context) -> int:
     store = context.store(context.arguments.store)
     if context.arguments.key is None and not context.arguments.yes:
-        print(
-            "relayer: error: --key: None is invalid: dropping every parked key deletes their "
-            "rows for good; pass --key KEY, or --yes to drop them all"
+        raise ConfigurationError(
+            "--key",
+            None,
+            "dropping every parked key deletes their rows for good; pass --key KEY, or --yes "
+            "to drop them all",
         )
-        return EXIT_USAGE
     async with await connect(store, purpose="parked") as conn:
         changes = await parked.drop(conn, store, context.arguments.key)
     if not changes:

@@ -1,0 +1,215 @@
+"""Malformed configuration through the command line: environment variables and TOML files.
+
+Each case is refused at start-up, before any connection (every case's DSN points at a closed
+port, so reaching the database would exit 1 instead), with exit status 2 and exactly one line
+naming the field, the value and the rule. The planted DSN password and SASL password never
+show.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.badinput.support import SASL_SECRET, UNREACHABLE_DSN, CliCase, error_line, run_cases
+
+STORE = "RELAYER_STORES__ORDERS__"
+PRINT = ("schema", "print", "orders")
+RUN = ("run", "orders")
+TOML_STORE = '[stores.orders]\ntable_prefix = "orders_"\ndefault_transport = "events"\n'
+TOML_KAFKA = (
+    TOML_STORE + '[stores.orders.transports.events]\ntype = "kafka"\n'
+    f'"bootstrap.servers" = "127.0.0.1:1"\n"sasl.password" = "{SASL_SECRET}"\n'
+)
+TOML_RABBITMQ = TOML_STORE + '[stores.orders.transports.events]\ntype = "rabbitmq"\n'
+ERROR = "relayer: error: "
+
+# (case, the whole line it must print; {config} is the case's TOML file)
+CASES: list[tuple[CliCase, str]] = [
+    (
+        CliCase("lanes-zero", PRINT, {STORE + "LANES": "0"}),
+        "stores.orders.lanes: '0' is invalid: must be an integer from 1 to 65,536",
+    ),
+    (
+        CliCase("lanes-not-a-number", PRINT, {STORE + "LANES": "many"}),
+        "stores.orders.lanes: 'many' is invalid: Input should be a valid integer, unable to "
+        "parse string as an integer",
+    ),
+    (
+        CliCase("batch-size-too-big", PRINT, {STORE + "BATCH_SIZE": "10001"}),
+        "stores.orders.batch_size: '10001' is invalid: must be an integer from 1 to 10,000",
+    ),
+    (
+        CliCase("lease-too-long", PRINT, {STORE + "LEASE_DURATION": "2h"}),
+        "stores.orders.lease_duration: '2h' is invalid: must be from 1 second to 1 hour",
+    ),
+    (
+        CliCase("lease-not-a-duration", PRINT, {STORE + "LEASE_DURATION": "soon"}),
+        "stores.orders.lease_duration: 'soon' is invalid: must be a duration: seconds as a "
+        "number, a number with a unit ('250ms', '30s', '5m', '1h', '7d') or ISO 8601 ('PT30S')",
+    ),
+    (
+        CliCase("poll-above-a-third-of-the-lease", PRINT, {STORE + "POLL_INTERVAL": "20s"}),
+        "stores.orders.poll_interval: '20s' is invalid: must be less than lease_duration / 3 "
+        "(10 s for lease_duration 30 s)",
+    ),
+    (
+        CliCase("backoff-max-below-backoff", PRINT, {STORE + "RETRY_BACKOFF_MAX": "500ms"}),
+        "stores.orders.retry_backoff_max: '0.5s' is invalid: must be at least retry_backoff (1 s)",
+    ),
+    (
+        CliCase("max-body-zero", PRINT, {STORE + "MAX_BODY_BYTES": "0"}),
+        "stores.orders.max_body_bytes: '0' is invalid: must be an integer from 1 to 1,073,741,824",
+    ),
+    (
+        CliCase("parked-retention-too-short", PRINT, {STORE + "PARKED_RETENTION": "30s"}),
+        "stores.orders.parked_retention: '30s' is invalid: must be at least 1 hour (it deletes "
+        "data an operator may still need), or 'off' (the default)",
+    ),
+    (
+        CliCase("inbox-retention-zero", PRINT, {STORE + "INBOX_RETENTION": "0s"}),
+        "stores.orders.inbox_retention: '0s' is invalid: must be greater than 0, or 'off' to "
+        "keep inbox entries forever",
+    ),
+    (
+        CliCase("grace-too-long", PRINT, {STORE + "UNORDERED_GRACE": "2d"}),
+        "stores.orders.unordered_grace: '2d' is invalid: must be from 0 seconds to 1 day",
+    ),
+    (
+        CliCase("notify-not-a-boolean", PRINT, {STORE + "NOTIFY": "maybe"}),
+        "stores.orders.notify: 'maybe' is invalid: Input should be a valid boolean, unable to "
+        "interpret input",
+    ),
+    (
+        CliCase("default-transport-not-configured", PRINT, {STORE + "DEFAULT_TRANSPORT": "kafka"}),
+        "stores.orders.default_transport: 'kafka' is invalid: must name one of this store's "
+        "transports (none)",
+    ),
+    (
+        CliCase("misspelt-setting", PRINT, {STORE + "LANEZ": "3"}),
+        "stores.orders.lanez: 3 is invalid: is not a setting relayer knows; fix its name or "
+        "remove it",
+    ),
+    (
+        CliCase("pool-size-zero", PRINT, {"RELAYER_WORKER__POOL_SIZE": "0"}),
+        "worker.pool_size: '0' is invalid: Input should be greater than or equal to 1",
+    ),
+    (
+        CliCase("unknown-policy", PRINT, {"RELAYER_WORKER__POLICY": "random"}),
+        "worker.policy: 'random' is invalid: Input should be 'strict' or 'weighted'",
+    ),
+    (
+        CliCase("unknown-log-level", PRINT, {"RELAYER_LOG_LEVEL": "LOUD"}),
+        "log_level: 'LOUD' is invalid: Input should be 'DEBUG', 'INFO', 'WARNING' or 'ERROR'",
+    ),
+    (
+        CliCase("store-not-configured", ("schema", "print", "billing")),
+        "store: 'billing' is invalid: is not configured (configured stores: 'orders'); add a "
+        "[stores.billing] section to the config file or set RELAYER_STORES__BILLING__DSN",
+    ),
+    (
+        CliCase("store-named-twice", ("run", "orders", "orders")),
+        "stores: 'orders' is invalid: is named twice; store names are case-sensitive and unique "
+        "in a process",
+    ),
+    (
+        CliCase("toml-syntax", PRINT, toml="[stores.orders\nlanes = 3\n"),
+        "config: '{config}' is invalid: is not valid TOML: Expected ']' at the end of a table "
+        "declaration (at line 1, column 15)",
+    ),
+    (
+        CliCase("toml-store-name", PRINT, toml='[stores."bad name"]\nlanes = 3\n'),
+        "stores.bad name.name: 'bad name' is invalid: a store name is 1-63 characters: letters, "
+        "digits, '_', '.' or '-', starting with a letter or digit (names are case-sensitive)",
+    ),
+    (
+        CliCase("toml-stores-share-tables", PRINT, toml="[stores.a]\n[stores.b]\n"),
+        "stores.b: 'public.relayer_*' is invalid: uses the same database, schema and table "
+        "prefix as store 'a'; distinct stores must not share tables",
+    ),
+    (
+        CliCase("toml-dsn-not-text", PRINT, toml="[stores.orders]\ndsn = 5\n"),
+        "stores.orders.dsn: '***' is invalid: Input should be a valid string",
+    ),
+    (
+        CliCase("unknown-transport-type", RUN, toml=TOML_RABBITMQ.replace("rabbitmq", "sqs")),
+        "stores.orders.transports.events.type: 'sqs' is invalid: is not a known transport type "
+        "(known: {known}); fix the type or install the package that registers it in the "
+        "entry-point group 'relayer.transports'",
+    ),
+    (
+        CliCase("kafka-acks-1", RUN, toml=TOML_KAFKA + 'acks = "1"\n'),
+        "stores.orders.transports.events.acks: '1' is invalid: must be all: per-key order after "
+        "a failure depends on it (remove the setting to get the safe value)",
+    ),
+    (
+        CliCase("kafka-transactional", RUN, toml=TOML_KAFKA + '"transactional.id" = "t"\n'),
+        "stores.orders.transports.events.transactional.id: 't' is invalid: relayer uses an "
+        "idempotent, non-transactional producer; remove it",
+    ),
+    (
+        CliCase("kafka-timeout-short", RUN, toml=TOML_KAFKA + '"message.timeout.ms" = 1000\n'),
+        "stores.orders.transports.events.message.timeout.ms: 1000 is invalid: must be greater "
+        "than the relay's batch deadline (15000 ms, half the store's lease_duration): the "
+        "gapless guarantee does not cover this timeout, so a shorter one lets a key's later "
+        "message overtake an earlier one; use at least 30000 or shorten lease_duration",
+    ),
+    (
+        CliCase(
+            "kafka-no-bootstrap",
+            RUN,
+            toml=TOML_KAFKA.replace('"bootstrap.servers" = "127.0.0.1:1"\n', ""),
+        ),
+        "stores.orders.transports.events.bootstrap.servers: None is invalid: is required: the "
+        "brokers to connect to, e.g. 'kafka1:9092,kafka2:9092'",
+    ),
+    (
+        CliCase("rabbitmq-no-url", RUN, toml=TOML_RABBITMQ),
+        "stores.orders.transports.events.url: None is invalid: is required: "
+        "amqp://user:***@host:5672/vhost (or amqps://)",
+    ),
+    (
+        CliCase(
+            "rabbitmq-unknown-option",
+            RUN,
+            toml=TOML_RABBITMQ + f'url = "amqp://u:{SASL_SECRET}@127.0.0.1:1/"\nprefetch = 3\n',
+        ),
+        "stores.orders.transports.events.prefetch: 3 is invalid: is not an option of the "
+        "rabbitmq transport (known options: url, ordered_destinations, max_outstanding, "
+        "connect_timeout, close_timeout, reconnect_interval)",
+    ),
+    (
+        CliCase("queue-limit-zero", ("queue", "limit", "orders", "0")),
+        "limit: 0 is invalid: must be an integer >= 1, or 'none' to remove the limit",
+    ),
+    (
+        CliCase("drop-every-key-unconfirmed", ("parked", "drop", "orders")),
+        "--key: None is invalid: dropping every parked key deletes their rows for good; pass "
+        "--key KEY, or --yes to drop them all",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def results(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, subprocess.CompletedProcess[str]]]:
+    directory = tmp_path_factory.mktemp("configuration")
+    base = {"RELAYER_DSN": UNREACHABLE_DSN, STORE + "TABLE_PREFIX": "orders_"}
+    return directory, run_cases([case for case, _ in CASES], directory, base)
+
+
+@pytest.mark.parametrize(("case", "expected"), CASES, ids=[case.name for case, _ in CASES])
+def test_refused_at_start_up_with_one_line(
+    case: CliCase,
+    expected: str,
+    results: tuple[Path, dict[str, subprocess.CompletedProcess[str]]],
+) -> None:
+    from relayer.transports.registry import known_types
+
+    directory, outcomes = results
+    line = error_line(outcomes[case.name])
+    config = directory / f"{case.name}.toml"
+    assert line == ERROR + expected.format(config=config, known=", ".join(known_types()))
