@@ -29,13 +29,17 @@ from relayer.settings import RelayerSettings, StoreSettings
 from relayer.sql import queries_for
 from relayer.tracing import with_trace_context
 from relayer.transactions import async_connection, require_transaction, sync_connection
-from relayer.transports.base import SEQUENCE_HEADER
+from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQUENCE_HEADER
 
 MAX_KEY_BYTES = 1024
 MAX_DESTINATION_BYTES = 1024
 MAX_HEADERS_BYTES = 64 * 1024
 MAX_TRANSPORT_NAME = 128
 _COPY_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb", "timestamptz")
+_STAMPED_HEADERS = {
+    MESSAGE_ID_HEADER: "the outbox id",
+    ORDERING_KEY_HEADER: "the ordering key",
+}
 _SYNC_NAMES = "write / write_many"
 _ASYNC_NAMES = "write_async / write_many_async"
 
@@ -150,8 +154,9 @@ class Outbox:
         if len(body) > self.store.max_body_bytes:
             raise InvalidMessageError(
                 "body",
-                f"<{len(body):,} bytes>",
-                f"is larger than this store's max_body_bytes ({self.store.max_body_bytes:,})",
+                _Shown(f"<{len(body):,} bytes>"),
+                f"is larger than this store's max_body_bytes ({self.store.max_body_bytes:,}); "
+                "send less, or raise max_body_bytes (the broker must accept it too)",
             )
         key = message.key
         lane: int | None = None
@@ -187,7 +192,10 @@ class Outbox:
         if self.store.transports and name not in self.store.transports:
             known = ", ".join(repr(known) for known in self.store.transports)
             raise InvalidMessageError(
-                "transport", name, f"is not a transport of store {self.store.name!r} ({known})"
+                "transport",
+                name,
+                f"is not a transport of store {self.store.name!r} (configured: {known}); name "
+                "one of them, or configure it in the store's settings",
             )
         return name
 
@@ -380,7 +388,7 @@ def _text(field_name: str, value: object, limit: int) -> str:
     if not isinstance(value, str):
         raise InvalidMessageError(field_name, value, f"must be str, not {type(value).__name__}")
     if "\x00" in value:
-        raise InvalidMessageError(field_name, value, "must not contain NUL characters")
+        raise InvalidMessageError(field_name, _preview(value), "must not contain NUL characters")
     size = len(value.encode("utf-8"))
     if size > limit:
         raise InvalidMessageError(
@@ -409,6 +417,13 @@ def _headers(headers: Mapping[str, str] | None) -> EncodedJson:
                 value,
                 "is reserved: relayer stamps it when the store sets sequence_numbers = true",
             )
+        if name in _STAMPED_HEADERS:
+            raise InvalidMessageError(
+                f"headers[{name!r}]",
+                _preview(value),
+                f"is reserved: relayer sets it on every message ({_STAMPED_HEADERS[name]}); "
+                "remove it or use another name",
+            )
         if not isinstance(value, str):
             raise InvalidMessageError(
                 f"headers[{name!r}]", _preview(value), f"must be str, not {type(value).__name__}"
@@ -420,11 +435,25 @@ def _headers(headers: Mapping[str, str] | None) -> EncodedJson:
         checked[name] = value
     if size > MAX_HEADERS_BYTES:
         raise InvalidMessageError(
-            "headers", f"<{size:,} bytes>", f"the total is limited to {MAX_HEADERS_BYTES:,} bytes"
+            "headers",
+            _Shown(f"<{size:,} bytes>"),
+            f"the total is limited to {MAX_HEADERS_BYTES:,} bytes; put large data in the body",
         )
     return EncodedJson(json.dumps(checked, ensure_ascii=False, separators=(",", ":")).encode())
 
 
+class _Shown:
+    """A value shown in an error as this text (a size, or the start of a long value)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 def _preview(value: object) -> object:
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return value if len(text) <= 80 else _Shown(text[:77] + "...")
