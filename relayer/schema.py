@@ -19,7 +19,12 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg import sql
 
-from relayer.errors import LaneCountMismatchError, SchemaNotAppliedError, StoreError
+from relayer.errors import (
+    LaneCountMismatchError,
+    SchemaDriftError,
+    SchemaNotAppliedError,
+    StoreError,
+)
 from relayer.identifiers import TABLE_SUFFIXES, StoreNames
 from relayer.settings import StoreSettings
 from relayer.sql import compose, queries_for
@@ -138,8 +143,21 @@ async def read_meta(conn: psycopg.AsyncConnection[Any], names: StoreNames) -> St
 
 
 async def require_meta(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreMeta:
-    """The store's metadata; refuses a missing schema, an old schema or a lane-count mismatch."""
-    return verify_meta(store, await read_meta(conn, store.names))
+    """The store's metadata, for a worker about to serve it: refuses a missing schema, an old
+    schema, a lane-count mismatch, and tables that drifted from this version's migrations
+    (what ``relayer schema check`` lists) instead of failing on them batch after batch."""
+    meta = verify_meta(store, await read_meta(conn, store.names))
+    if meta.schema_version == latest_version():  # a newer schema is the newer relayer's to check
+        drift = await check(conn, store)
+        if drift:
+            shown = "; ".join(str(item) for item in drift[:3])
+            more = f"; and {len(drift) - 3} more" if len(drift) > 3 else ""
+            raise SchemaDriftError(
+                f"store {store.name!r}: its tables differ from schema version {latest_version()} "
+                f"({shown}{more}); restore them as `relayer schema print {store.name}` shows, "
+                f"until `relayer schema check {store.name}` passes"
+            )
+    return meta
 
 
 def verify_meta(store: StoreSettings, meta: StoreMeta | None) -> StoreMeta:

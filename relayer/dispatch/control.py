@@ -79,12 +79,17 @@ def queue_lock_key(names: StoreNames, queue: str) -> int:
 async def require_dispatch_schema(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> None:
     """Refuse a store whose schema predates the queue tables (or was never applied)."""
     meta = await read_meta(conn, store.names)
-    if meta is None or meta.schema_version < DISPATCH_SCHEMA_VERSION:
-        found = "no relayer tables" if meta is None else f"schema version {meta.schema_version}"
+    where = f"in schema {store.db_schema!r} with prefix {store.table_prefix!r}"
+    if meta is None:
         raise SchemaNotAppliedError(
-            f"store {store.name!r}: {found} in schema {store.db_schema!r} with prefix "
-            f"{store.table_prefix!r}; the queue tables need version {DISPATCH_SCHEMA_VERSION}: "
-            f"run `relayer schema apply {store.name}`"
+            f"store {store.name!r}: no relayer tables {where}; run "
+            f"`relayer schema apply {store.name}` first"
+        )
+    if meta.schema_version < DISPATCH_SCHEMA_VERSION:
+        raise SchemaNotAppliedError(
+            f"store {store.name!r}: schema version {meta.schema_version} {where}; the queue "
+            f"tables need version {DISPATCH_SCHEMA_VERSION}: run "
+            f"`relayer schema apply {store.name}`"
         )
 
 
