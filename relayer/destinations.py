@@ -43,7 +43,7 @@ class DestinationCache:
         except RelayerError as exc:
             raise PreparationError(
                 f"cannot check destination {destination!r} of transport {transport.name!r}: "
-                f"{exc}; fix the destination, then the key is retried (or redrive it)"
+                f"{exc}; once that is fixed, the key's next retry sends it (or redrive it)"
             ) from exc
         if not ordered:
             raise PreparationError(

@@ -55,6 +55,9 @@ _KNOWN_OPTIONS = (
     "url, ordered_destinations, max_outstanding, connect_timeout, close_timeout, reconnect_interval"
 )
 _PERSISTENT = 2
+# AMQP field-table names are short strings of at most 128 bytes; the client would cut a longer
+# header name short without a word, so such a message is failed instead.
+_MAX_HEADER_NAME_BYTES = 128
 
 
 class RabbitMQTransport:
@@ -170,6 +173,9 @@ class RabbitMQTransport:
         except SendError as exc:
             return _failed(exc)
         headers: dict[str, Any] = dict(message.headers) if message.headers else {}
+        for name in headers:
+            if len(name.encode()) > _MAX_HEADER_NAME_BYTES:
+                return _failed(SendError(_long_header_name(name), retryable=False))
         headers[MESSAGE_ID_HEADER] = message.id_text
         if message.key is not None:
             headers[ORDERING_KEY_HEADER] = message.key
@@ -345,6 +351,14 @@ class RabbitMQTransport:
                 await connection.close()
             except Exception as exc:  # closing a broken connection may fail; it is gone anyway
                 logger.debug("closing the RabbitMQ connection failed: %s", redact(str(exc)))
+
+
+def _long_header_name(name: str) -> str:
+    return (
+        f"header name {name[:40]!r}... is {len(name.encode()):,} bytes; AMQP header names are at "
+        f"most {_MAX_HEADER_NAME_BYTES} bytes and RabbitMQ would receive it cut short; write the "
+        "row with a shorter header name"
+    )
 
 
 def _failed(error: SendError) -> asyncio.Future[None]:
