@@ -46,7 +46,7 @@ class KafkaTarget:
     def transport_toml(self) -> str:
         return (
             f'type = "kafka"\n"bootstrap.servers" = "{self.bootstrap}"\n'
-            f'"client.id" = "{WORKER_CLIENT_ID}"\n'
+            f'"client.id" = "{WORKER_CLIENT_ID}"\nclose_timeout = 5\n'
         )
 
     def read_all(self) -> list[Received]:

@@ -370,7 +370,7 @@ class Run:
     def injected(self, count: int = 1) -> None:
         self.report.injections += count
 
-    def finish(self, drain_seconds: float = 90) -> Report:
+    def finish(self, drain_seconds: float = 40) -> Report:
         """Stop the writer, wait for the outbox to drain, stop the workers, read the broker,
         and compute the report (the caller asserts ``report.problems()`` is empty)."""
         from tests.chaos.checker import check
@@ -395,7 +395,7 @@ class Run:
             timed_out_keys=_timed_out_keys(logs),
         )
         self.report.audit = read_audit(self.store)
-        assert all(code == 0 for code in codes), f"workers did not stop cleanly: exit codes {codes}"
+        self.report.unclean_exits = sum(code != 0 for code in codes)
         return self.report
 
     def close(self) -> None:

@@ -49,11 +49,14 @@ def relay(
     report.command = f"pytest -m {marker} tests/chaos -k {name}"
     run = Run(report, dsn, tmp_path, loop, target, SETTINGS, extra_env=extra_env)
     prepare(run)
-    with running(run):
-        scenario(run, seconds)
-        until(run, seconds)
-        run.finish()
-    RESULTS.append(report)
+    try:
+        with running(run):
+            scenario(run, seconds)
+            until(run, seconds)
+            run.finish()
+    finally:
+        if report.rows:
+            RESULTS.append(report)
     assert not report.problems(), report.problems()
     return report
 
