@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(BIN)/relayer demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check relayer tests bench
-	$(BIN)/ruff format --check relayer tests bench
+	$(BIN)/ruff check relayer tests bench examples
+	$(BIN)/ruff format --check relayer tests bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
