@@ -7,12 +7,14 @@ writer refuses a lane count or schema it cannot use, naming both numbers; nothin
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
-from relayer import LaneCountMismatchError, Outbox, SchemaNotAppliedError
+from relayer import LaneCountMismatchError, Outbox, SchemaNotAppliedError, schema
 from relayer.errors import SchemaDriftError
 from relayer.schema import latest_version
 from relayer.settings import StoreSettings
@@ -149,3 +151,30 @@ async def test_a_lane_count_mismatch_is_refused_by_writer_and_worker(
         await Worker([wider], transports={"orders": {}}).run()
     assert str(caught.value) == expected
     assert catalog(store.require_dsn()) == before
+
+
+async def test_a_role_without_temp_privilege_still_starts(store: StoreSettings) -> None:
+    """The drift comparison builds temporary tables; a role that may not is not refused."""
+    role = f"relayer_no_temp_{uuid.uuid4().hex[:8]}"
+    dsn = store.require_dsn()
+    database = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("REVOKE TEMPORARY ON DATABASE {} FROM PUBLIC").format(sql.Identifier(database))
+        )
+        conn.execute(
+            sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA public TO {}").format(
+                sql.Identifier(role)
+            )
+        )
+    try:
+        limited = psycopg.conninfo.make_conninfo(dsn, user=role)
+        async with await psycopg.AsyncConnection.connect(limited, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await schema.check(conn, store)
+            assert (await schema.require_meta(conn, store)).lanes == store.lanes
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
