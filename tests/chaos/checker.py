@@ -60,7 +60,7 @@ class Report:
     parked: int = 0
     audit: Audit = field(default_factory=lambda: Audit(0, 0))
     stale_rollbacks: int = 0  # "fenced delete matched" lines in the workers' logs
-    unclean_exits: int = 0  # workers that did not exit 0 within 30 s of SIGTERM
+    unclean_exits: int = 0  # workers whose exit status was not 0 (or killed after 30 s)
     seconds: float = 0.0
     command: str = ""
     lost_examples: list[str] = field(default_factory=list)
@@ -97,7 +97,7 @@ class Report:
                 f"deletes audited for {self.rows} committed rows"
             )
         if self.unclean_exits:
-            found.append(f"{self.unclean_exits} workers did not stop within 30 s of SIGTERM")
+            found.append(f"{self.unclean_exits} workers exited with an error or were killed")
         return found
 
 
