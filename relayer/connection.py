@@ -12,6 +12,10 @@ from relayer.settings import StoreSettings
 
 APPLICATION_NAME = "relayer"
 
+# What a loop that talks to PostgreSQL must survive and retry: driver errors, socket errors, and
+# StoreError (how connect() reports a server that is down, restarting or refusing clients).
+DATABASE_TROUBLE: tuple[type[Exception], ...] = (psycopg.Error, OSError, StoreError)
+
 
 async def connect(
     store: StoreSettings, *, autocommit: bool = True, purpose: str = "relayer"

@@ -25,8 +25,9 @@ from enum import IntEnum
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
+from relayer.connection import DATABASE_TROUBLE
 from relayer.dispatch import MemoryQueue
 from relayer.health import read_health
 from relayer.lanes import fnv1a_32
@@ -202,7 +203,7 @@ class Maintenance:
                 next_in = await self._recover()
             else:
                 next_in = await self._cleanup()
-        except (psycopg.Error, PoolTimeout, OSError) as exc:
+        except DATABASE_TROUBLE as exc:  # PoolTimeout is a psycopg error too
             logger.warning(
                 "store %s: maintenance task %s failed: %s",
                 self.store.name,
@@ -210,7 +211,7 @@ class Maintenance:
                 redact(str(exc)),
                 extra={"action": "maintenance_failed", "store": self.store.name},
             )
-            next_in = self.store.retry_backoff.total_seconds()
+            next_in = min(self.store.retry_backoff.total_seconds(), 10.0)
         self.queue.schedule(task, self.now() + next_in)
 
     async def _recover(self) -> float:

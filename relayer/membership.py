@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 
+from relayer.connection import DATABASE_TROUBLE
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore
 
@@ -114,7 +115,7 @@ class Membership:
             delay = self.interval
             try:
                 await self.beat()
-            except (psycopg.Error, OSError) as exc:
+            except DATABASE_TROUBLE as exc:
                 delay = min(self.interval, 1.0)
                 await self._drop_connection()
                 logger.warning(
@@ -140,7 +141,7 @@ class Membership:
                 self.store.name,
                 extra={"action": "leave", "store": self.store.name, "member": self.member},
             )
-        except (psycopg.Error, OSError) as exc:
+        except DATABASE_TROUBLE as exc:
             logger.warning("leaving store %s failed: %s", self.store.name, exc)
         finally:
             self._set_lanes(frozenset())

@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from relayer import schema
-from relayer.connection import connect
+from relayer.connection import DATABASE_TROUBLE, connect
 from relayer.destinations import DestinationCache
 from relayer.dispatch import (
     Job,
@@ -116,6 +116,8 @@ class StoreRuntime:
             min_size=pool_size,
             max_size=pool_size,
             open=False,
+            # A scan waiting for a connection must give its slot back well within a lease.
+            timeout=max(store.lease_duration.total_seconds() / 4, 1.0),
             kwargs={"autocommit": False, "application_name": f"relayer:{store.name}:batch"},
             name=f"relayer-{store.name}",
         )
@@ -154,7 +156,7 @@ class StoreRuntime:
             lanes = sorted(self.membership.lanes)
             try:
                 heads = await asyncio.gather(*(self.prober.head(lane) for lane in lanes))
-            except (psycopg.Error, OSError) as exc:
+            except DATABASE_TROUBLE as exc:
                 self.stats.last_error = redact(str(exc))
                 return  # each lane's own poll covers the gap
             now = self.now()
@@ -167,25 +169,22 @@ class StoreRuntime:
                     self.queue.schedule(head.lane, now + decided.next_in)
 
     async def scan(self, lane: int) -> None:
-        """One lane scan: probe, and send a batch if the head is due; then reschedule."""
+        """One lane scan: probe, send a batch if the head is due, and always reschedule."""
         if lane not in self.membership.lanes or self.membership.expired():
             return  # not ours (any more): membership reschedules it if it comes back
-        result: ScanResult | None = None
-        seen = self._due_heads.pop(lane, None)
-        if seen is None or self.now() - seen > self.relay.poll:
-            # Not just seen due by a wake-up probe: probe first (no writes for idle lanes).
-            try:
-                head = await self.prober.head(lane)
-            except (psycopg.Error, OSError) as exc:
-                self.stats.last_error = redact(str(exc))
-                self.queue.schedule(lane, self.now() + self.relay.backoff)
-                return
-            result = self.relay.after_probe(head)
-        if result is None:
-            async with self.pool.connection() as conn:
-                started = time.perf_counter()
-                result = await self.relay.send_lane(conn, lane)
-                self.stats.batch_seconds.observe(time.perf_counter() - started)
+        try:
+            result = await self._scan(lane)
+        except DATABASE_TROUBLE as exc:  # a probe or a pooled connection failed
+            detail = redact(str(exc))
+            logger.warning(
+                "lane %s of store %s: %s; retrying in %.1f s",
+                lane,
+                self.store.name,
+                detail,
+                self.relay.backoff,
+                extra={"action": "scan_failed", "store": self.store.name, "lane": lane},
+            )
+            result = ScanResult(lane, Scan.FAILED, self.relay.backoff, detail=detail)
         self.stats.record(result)
         if result.scan is Scan.SENT and result.sent:
             logger.debug(
@@ -196,6 +195,19 @@ class StoreRuntime:
             )
         if lane in self.membership.lanes:
             self.queue.schedule(lane, self.now() + result.next_in)
+
+    async def _scan(self, lane: int) -> ScanResult:
+        seen = self._due_heads.pop(lane, None)
+        if seen is None or self.now() - seen > self.relay.poll:
+            # Not just seen due by a wake-up probe: probe first (no writes for idle lanes).
+            decided = self.relay.after_probe(await self.prober.head(lane))
+            if decided is not None:
+                return decided
+        async with self.pool.connection() as conn:
+            started = time.perf_counter()
+            result = await self.relay.send_lane(conn, lane)
+            self.stats.batch_seconds.observe(time.perf_counter() - started)
+        return result
 
     async def listen(self, stop: asyncio.Event) -> None:
         """Wake lanes on writers' notifications; reconnect after failures (polls cover gaps)."""
@@ -210,7 +222,7 @@ class StoreRuntime:
                         # notifies() generator can keep the connection busy at close.
                         async for _ in conn.notifies(timeout=LISTEN_WAIT, stop_after=1):
                             self.wake_all()
-            except (psycopg.Error, OSError) as exc:
+            except DATABASE_TROUBLE as exc:
                 logger.warning(
                     "LISTEN on store %s lost: %s; polling until it is back",
                     self.store.name,
