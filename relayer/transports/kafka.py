@@ -80,9 +80,15 @@ class KafkaTransport:
         batch_deadline: timedelta | None = None,
         close_timeout: float = 30.0,
         metadata_timeout: float = 10.0,
+        stall_timeout: float | None = None,
         producer_factory: ProducerFactory | None = None,
     ) -> None:
         self._name = name
+        # No delivery report at all for this long while messages wait: the producer is stuck
+        # (seen after a broker lost its producer ids: librdkafka bumps the epoch forever).
+        deadline = batch_deadline.total_seconds() if batch_deadline is not None else 0.0
+        self._stall_timeout = stall_timeout if stall_timeout is not None else max(deadline, 10.0)
+        self._last_progress = time.monotonic()
         self._config = check_config(config, batch_deadline)
         self._shown = redact_mapping(self._config)
         self._close_timeout = close_timeout
@@ -111,6 +117,7 @@ class KafkaTransport:
         reader = Options(options)
         close_timeout = reader.seconds("close_timeout", 30.0)
         metadata_timeout = reader.seconds("metadata_timeout", 10.0)
+        stall = reader.seconds("stall_timeout", 10.0) if "stall_timeout" in options else None
         config = dict(_flatten(reader.unread()))
         return cls(
             name,
@@ -118,6 +125,7 @@ class KafkaTransport:
             batch_deadline=batch_deadline,
             close_timeout=close_timeout,
             metadata_timeout=metadata_timeout,
+            stall_timeout=stall,
         )
 
     def __repr__(self) -> str:
@@ -335,7 +343,9 @@ class KafkaTransport:
             return self._new_producer(config)
         except KafkaException as exc:
             raise TransportOptionError(
-                "options", self._shown, f"librdkafka refused the settings: {_text(exc)}"
+                f"transports.{self._name}",
+                self._shown,
+                f"librdkafka refused the settings: {_text(exc)}",
             ) from exc
 
     # -- poll thread -----------------------------------------------------------------
@@ -360,8 +370,14 @@ class KafkaTransport:
                 generation = self._generation
                 if generation is None:
                     break
-                generation.producer.poll(_POLL_SECONDS)
+                try:
+                    generation.producer.poll(_POLL_SECONDS)
+                except KafkaException as exc:
+                    # A fatal error can also surface as an exception from poll() itself: the
+                    # thread must live on and rebuild the producer, or no ack ever resolves.
+                    self._mark_fatal(generation, exc)
                 self._hand_over(loop)
+                self._watch_for_stall(generation)
                 if generation.fatal is not None:
                     self._retire(loop, generation)
             self._final_flush(loop)
@@ -372,7 +388,19 @@ class KafkaTransport:
         if self._delivered:
             batch = self._delivered[:]
             self._delivered.clear()
+            self._last_progress = time.monotonic()
             loop.call_soon_threadsafe(self._resolve, batch)
+
+    def _watch_for_stall(self, generation: _Generation) -> None:
+        now = time.monotonic()
+        if not self._outstanding:
+            self._last_progress = now
+        elif now - self._last_progress > self._stall_timeout and generation.fatal is None:
+            self._mark_fatal(
+                generation,
+                f"no delivery report for {self._stall_timeout:g} s while "
+                f"{len(self._outstanding)} message(s) waited",
+            )
 
     def _retire(self, loop: asyncio.AbstractEventLoop, generation: _Generation) -> None:
         generation.producer.purge()

@@ -346,12 +346,6 @@ def test_lost_notify(
 
 
 @pytest.mark.chaos
-@pytest.mark.xfail(
-    strict=True,
-    reason="stuck lanes after the broker restart: a fatal error raised by producer.poll() "
-    "ends the Kafka transport's poll thread (test_findings.py), and producers that only get "
-    "UNKNOWN_PRODUCER_ID keep bumping their epoch without ever being rebuilt (docs/chaos.md)",
-)
 def test_kafka_broker_restart(
     request: pytest.FixtureRequest,
     kafka: KafkaTarget,

@@ -1,9 +1,10 @@
-"""Minimal reproductions of bugs the chaos suite found (xfail, strict: a fix turns them into
-failures that ask for the marker to go). docs/chaos.md tells the story of each."""
+"""Minimal reproductions of bugs the chaos suite found, kept as regression tests (they run in
+``make test``). docs/chaos.md tells the story of each."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 
 import pytest
@@ -27,12 +28,6 @@ class RaisingProducer(FakeProducer):
         return super().poll(timeout)
 
 
-@pytest.mark.chaos
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a KafkaException raised by producer.poll() ends the transport's poll thread; "
-    "acknowledgements never resolve and the producer is never rebuilt (the worker's lanes stall)",
-)
 async def test_a_fatal_error_raised_by_poll_rebuilds_the_producer() -> None:
     producers: list[FakeProducer] = []
     transport = KafkaTransport(
@@ -47,5 +42,35 @@ async def test_a_fatal_error_raised_by_poll_rebuilds_the_producer() -> None:
             await asyncio.wait_for(first, 3)  # failed as "will be sent again", not lost
         again = await transport.publish(OutgoingMessage(uuid.uuid4(), "orders", b"2", key="a"))
         await asyncio.wait_for(again, 3)  # a rebuilt producer delivers
+    finally:
+        await asyncio.wait_for(transport.close(), 10)
+
+
+class SilentProducer(FakeProducer):
+    """A producer that accepts messages but never reports a delivery (stuck bumping epochs)."""
+
+    def poll(self, timeout: float) -> int:
+        threading.Event().wait(min(timeout, 0.005))
+        return 0
+
+
+async def test_a_producer_without_delivery_reports_is_rebuilt() -> None:
+    producers: list[FakeProducer] = []
+    transport = KafkaTransport(
+        "kafka",
+        {"bootstrap.servers": "fake:9092"},
+        stall_timeout=0.3,
+        producer_factory=lambda config: (
+            SilentProducer(config, producers) if not producers else FakeProducer(config, producers)
+        ),
+    )
+    await transport.start()
+    try:
+        stuck = await transport.publish(OutgoingMessage(uuid.uuid4(), "orders", b"1", key="a"))
+        with pytest.raises(TransportUnavailableError):  # "will be sent again", not lost
+            await asyncio.wait_for(stuck, 5)
+        again = await transport.publish(OutgoingMessage(uuid.uuid4(), "orders", b"2", key="a"))
+        await asyncio.wait_for(again, 3)
+        assert len(producers) == 2
     finally:
         await asyncio.wait_for(transport.close(), 10)
