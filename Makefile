@@ -37,7 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/relay.py
 	$(BIN)/python bench/dispatch.py
 
-# Every fault-injection scenario of tests/chaos (about 10 minutes; `make test` runs a smoke subset).
+# Every fault-injection scenario of tests/chaos (about 4 minutes; `make test` runs a smoke subset).
 # The clock-skew scenario preloads libfaketime: installed here when missing and apt-get can run
 # (as root), otherwise that one scenario is skipped.
 chaos: $(STAMP)
