@@ -31,8 +31,6 @@ TABLE_SUFFIXES: dict[str, str] = {
 # Every index relayer creates, by role. Counted in the length rule, since a truncated index name
 # would make `schema check` report drift forever.
 INDEX_SUFFIXES: dict[str, str] = {
-    "outbox_ordered": "outbox_ordered",
-    "outbox_unordered": "outbox_unordered",
     "parked_lane": "parked_lane",
     "leases_lane": "leases_lane",
     "queue_events_queue": "queue_events_q",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from uuid import UUID
 
 _TAIL_BITS = 74  # 12 bits of rand_a + 62 bits of rand_b
@@ -73,10 +74,16 @@ def uuid7() -> UUID:
 
 def uuid7_block(count: int) -> list[UUID]:
     """``count`` increasing UUIDv7s reserved at once (cheaper than ``count`` calls)."""
+    return list(uuid7_iter(count))
+
+
+def uuid7_iter(count: int) -> Iterator[UUID]:
+    """``count`` increasing UUIDv7s reserved now and made one by one as they are taken."""
     if count <= 0:
-        return []
+        return
     ms, first = _clock.block(count)
-    return [_compose(ms, tail) for tail in range(first, first + count)]
+    for tail in range(first, first + count):
+        yield _compose(ms, tail)
 
 
 def uuid7_time_ms(value: UUID) -> int:

@@ -12,6 +12,8 @@ from functools import lru_cache
 FNV_OFFSET_BASIS = 2166136261
 FNV_PRIME = 16777619
 MAX_LANES = 65_536
+# The lane of rows without an ordering key (unordered rows are never sent by a lane scan).
+UNORDERED_LANE = -1
 
 
 def fnv1a_32(data: bytes) -> int:

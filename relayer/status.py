@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 
 from relayer.health import StoreHealth, read_health
+from relayer.lanes import UNORDERED_LANE
 from relayer.parked import ParkedKey, list_parked
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
@@ -55,7 +56,7 @@ async def read_status(conn: psycopg.AsyncConnection[Any], store: StoreSettings) 
     owners = {int(row[0]): str(row[1]) for row in await cursor.fetchall()}
     cursor = await conn.execute(queries["status_pending"])
     pending = tuple(
-        LanePending(None if row[0] is None else int(row[0]), int(row[1]), float(row[2]))
+        LanePending(None if row[0] == UNORDERED_LANE else int(row[0]), int(row[1]), float(row[2]))
         for row in await cursor.fetchall()
     )
     parked = tuple(await list_parked(conn, store))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,8 +21,8 @@ from psycopg.adapt import Dumper, PyFormat
 from psycopg.pq import Format
 
 from relayer.errors import InvalidMessageError
-from relayer.ids import uuid7, uuid7_block
-from relayer.lanes import lane_for
+from relayer.ids import uuid7, uuid7_block, uuid7_iter
+from relayer.lanes import UNORDERED_LANE, lane_for
 from relayer.schema import StoreMeta, verify_meta
 from relayer.sequences import reserve_async, reserve_sync, stamped_json
 from relayer.settings import RelayerSettings, StoreSettings
@@ -86,8 +86,8 @@ _ensure_json_dumpers(psycopg.adapters)
 _NO_HEADERS = EncodedJson(b"{}")
 
 # A validated message without its id: (lane, key, transport, destination, body, headers, due).
-Fields = tuple[int | None, str | None, str | None, str, bytes, EncodedJson, datetime | None]
-Row = tuple[UUID, int | None, str | None, str | None, str, bytes, EncodedJson, datetime | None]
+Fields = tuple[int, str | None, str | None, str, bytes, EncodedJson, datetime | None]
+Row = tuple[UUID, int, str | None, str | None, str, bytes, EncodedJson, datetime | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +159,7 @@ class Outbox:
                 "send less, or raise max_body_bytes (the broker must accept it too)",
             )
         key = message.key
-        lane: int | None = None
+        lane = UNORDERED_LANE
         if key is not None:
             key = _text("key", key, MAX_KEY_BYTES)
             if not key:
@@ -274,11 +274,11 @@ class Outbox:
         if self.store.sequence_numbers:
             keys = [fields[1] for fields in validated]
             validated = self._stamp(validated, reserve_sync(connection, self._reserve, keys))
-        rows = _with_ids(validated)
+        rows: list[Row] = []
         with connection.cursor() as cursor:
             with cursor.copy(self._queries["copy_messages"]) as copy:
                 copy.set_types(_COPY_TYPES)
-                for row in rows:
+                for row in _streamed(validated, rows):
                     copy.write_row(row)
             if self._wakes_workers(rows):
                 cursor.execute(self._queries["notify"], (self._channel,))
@@ -287,7 +287,7 @@ class Outbox:
 
     def _wakes_workers(self, rows: Sequence[Row]) -> bool:
         """Only ordered rows wake the workers; unordered ones are sent after the commit."""
-        return self.store.notify and any(row[1] is not None for row in rows)
+        return self.store.notify and any(row[1] != UNORDERED_LANE for row in rows)
 
     def _insert_statement(self, row: Row) -> tuple[str, Sequence[object]]:
         if self._wakes_workers([row]):
@@ -345,11 +345,11 @@ class Outbox:
         if self.store.sequence_numbers:
             keys = [fields[1] for fields in validated]
             validated = self._stamp(validated, await reserve_async(connection, self._reserve, keys))
-        rows = _with_ids(validated)
+        rows: list[Row] = []
         async with connection.cursor() as cursor:
             async with cursor.copy(self._queries["copy_messages"]) as copy:
                 copy.set_types(_COPY_TYPES)
-                for row in rows:
+                for row in _streamed(validated, rows):
                     await copy.write_row(row)
             if self._wakes_workers(rows):
                 await cursor.execute(self._queries["notify"], (self._channel,))
@@ -377,6 +377,15 @@ class Outbox:
 def _regclass(store: StoreSettings) -> str:
     # Both parts are validated plain identifiers; the string is a bound value for to_regclass.
     return f'"{store.db_schema}"."{store.names.table("meta")}"'
+
+
+def _streamed(validated: list[Fields], written: list[Row]) -> Iterator[Row]:
+    """Rows with their ids, made while the COPY streams: making ids then overlaps with the
+    server's work on the rows already sent. Each row is also appended to ``written``."""
+    for message_id, fields in zip(uuid7_iter(len(validated)), validated, strict=True):
+        row: Row = (message_id, *fields)
+        written.append(row)
+        yield row
 
 
 def _with_ids(validated: list[Fields]) -> list[Row]:

@@ -2,9 +2,9 @@
 -- Placeholders in braces are identifiers composed with psycopg.sql.Identifier.
 
 CREATE TABLE {outbox} (
-    id uuid PRIMARY KEY,
-    -- NULL lane and ordering_key: an unordered row (sent after commit, recovered by maintenance)
-    lane integer CHECK (lane >= 0),
+    id uuid NOT NULL,
+    -- Lane -1 and no ordering_key: an unordered row (sent after commit, recovered by maintenance)
+    lane integer NOT NULL CHECK (lane >= -1),
     ordering_key text,
     -- NULL transport: the store's default transport, resolved by the worker at send time
     transport text,
@@ -15,13 +15,11 @@ CREATE TABLE {outbox} (
     attempts integer NOT NULL DEFAULT 0,
     last_error text,
     created_at timestamptz NOT NULL DEFAULT now(),
-    CHECK ((lane IS NULL) = (ordering_key IS NULL))
+    CHECK ((lane = -1) = (ordering_key IS NULL)),
+    -- The only index: each lane's rows head first (lane -1: unordered rows, oldest first). One
+    -- index to maintain per row keeps writes and deletes cheap; every lookup knows the lane.
+    PRIMARY KEY (lane, id)
 );
-
--- Pending ordered rows, read head-first per lane.
-CREATE INDEX {outbox_ordered} ON {outbox} (lane, id) WHERE lane IS NOT NULL;
--- Unordered rows, recovered oldest first.
-CREATE INDEX {outbox_unordered} ON {outbox} (id) WHERE lane IS NULL;
 
 -- 'member:<instance id>' rows (membership) and 'lane:<n>' rows (lane leases).
 CREATE TABLE {leases} (

@@ -54,6 +54,6 @@ LIMIT 1
 SELECT count(*),
        coalesce(max(attempts), 0),
        (SELECT last_error FROM {outbox}
-        WHERE lane IS NULL AND attempts > 0 ORDER BY id DESC LIMIT 1)
+        WHERE lane = -1 AND attempts > 0 ORDER BY id DESC LIMIT 1)
 FROM {outbox}
-WHERE lane IS NULL AND attempts > 0
+WHERE lane = -1 AND attempts > 0

@@ -16,7 +16,7 @@ FROM unnest(%(lanes)s::integer[]) AS l(lane)
 ORDER BY l.lane
 
 -- name: metrics_unordered_backlog
--- Rows without an ordering key (lane NULL), through the partial index on id.
-SELECT (SELECT count(*) FROM {outbox} WHERE lane IS NULL),
+-- Rows without an ordering key (lane -1), through the primary key (lane, id).
+SELECT (SELECT count(*) FROM {outbox} WHERE lane = -1),
        coalesce((SELECT greatest(extract(epoch FROM now() - o.created_at), 0)::float8
-                 FROM {outbox} o WHERE o.lane IS NULL ORDER BY o.id LIMIT 1), 0)
+                 FROM {outbox} o WHERE o.lane = -1 ORDER BY o.id LIMIT 1), 0)

@@ -1,4 +1,4 @@
--- Unordered rows (no ordering key, lane NULL): sent after commit by the application and, when it
+-- Unordered rows (no ordering key, lane -1): sent after commit by the application and, when it
 -- did not, by the workers' maintenance. Every sender claims rows with FOR UPDATE SKIP LOCKED and
 -- keeps them locked until its outcomes commit, so no row is ever sent by two senders at once.
 
@@ -6,7 +6,7 @@
 -- The rows an application just committed (a rolled-back write has no row to claim).
 SELECT id, transport, destination, body, headers::text
 FROM {outbox}
-WHERE id = ANY(%(ids)s::uuid[]) AND lane IS NULL
+WHERE id = ANY(%(ids)s::uuid[]) AND lane = -1
   AND (deliver_at IS NULL OR deliver_at <= now())
 ORDER BY id
 FOR UPDATE SKIP LOCKED
@@ -16,7 +16,7 @@ FOR UPDATE SKIP LOCKED
 -- due, failed rows once their retry time came. Oldest first, through the unordered index.
 SELECT id, transport, destination, body, headers::text
 FROM {outbox}
-WHERE lane IS NULL AND coalesce(deliver_at, created_at + %(grace)s) <= now()
+WHERE lane = -1 AND coalesce(deliver_at, created_at + %(grace)s) <= now()
 ORDER BY id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -27,7 +27,7 @@ FOR UPDATE SKIP LOCKED
 -- permanent error; the exponent stops at 20 so the interval cannot overflow). Unordered rows
 -- never wait for an operator: nothing queues behind them.
 WITH deleted AS (
-    DELETE FROM {outbox} WHERE id = ANY(%(acked)s::uuid[]) AND lane IS NULL RETURNING 1
+    DELETE FROM {outbox} WHERE id = ANY(%(acked)s::uuid[]) AND lane = -1 RETURNING 1
 ), failure AS (
     SELECT * FROM unnest(%(failed)s::uuid[], %(errors)s::text[], %(permanent)s::bool[])
         AS f(id, error, permanent)
@@ -40,7 +40,7 @@ WITH deleted AS (
             ELSE least(%(backoff)s * power(2, least(o.attempts, 20)), %(backoff_max)s)
         END
     FROM failure
-    WHERE o.id = failure.id AND o.lane IS NULL
+    WHERE o.id = failure.id AND o.lane = -1
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM retried)

@@ -110,10 +110,10 @@ def test_schema_print_apply_check(pg_dsn: str) -> None:
     assert checked.returncode == 0, checked.stdout
     assert "matches schema version" in checked.stdout
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute("DROP INDEX messaging.orders_outbox_ordered")
+        conn.execute("DROP INDEX messaging.orders_parked_lane")
     drifted = relayer("schema", "check", "orders", store=store)
     assert drifted.returncode == 1
-    assert "index orders_outbox_ordered missing" in drifted.stdout
+    assert "index orders_parked_lane missing" in drifted.stdout
 
 
 def test_two_processes_apply_at_once(pg_dsn: str) -> None:

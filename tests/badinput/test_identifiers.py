@@ -50,12 +50,12 @@ def refused_cases() -> list[tuple[CliCase, str]]:
                 CliCase(f"{field}-{number}", APPLY, {STORE + setting: name}),
                 f"stores.orders.{field}: {name!r} is invalid: {PLAIN_RULE}",
             )
-    prefix = "p" * 48
+    prefix = "p" * 50
     refused(
         CliCase("long-prefix", APPLY, {STORE + "TABLE_PREFIX": prefix}),
         f"stores.orders.table_prefix: {prefix!r} is invalid: the longest table or index name it "
-        f"produces, {prefix + 'outbox_unordered'!r}, would be 64 bytes; PostgreSQL names are at "
-        "most 63 bytes, so use a prefix of at most 47 bytes",
+        f"produces, {prefix + 'queue_events_q'!r}, would be 64 bytes; PostgreSQL names are at "
+        "most 63 bytes, so use a prefix of at most 49 bytes",
     )
     toml = f'[stores.orders]\nschema = "{HOSTILE[1]}"\n'
     for arguments in (

@@ -96,7 +96,7 @@ def test_unordered_rows_have_no_lane(store: StoreSettings) -> None:
         Outbox(store).write(conn, destination="d", body=b"x")
         conn.commit()
     [row] = outbox_rows(store.require_dsn())
-    assert row[1] is None and row[2] is None
+    assert row[1] == -1 and row[2] is None  # lane -1: unordered
 
 
 def test_psycopg_transaction_block_in_autocommit_mode(store: StoreSettings) -> None:

@@ -107,11 +107,11 @@ def test_hostile_prefixes_are_rejected(name: str) -> None:
 
 
 def test_prefix_length_counts_the_longest_object_name() -> None:
-    longest_ok = "p" * 47
+    longest_ok = "p" * 49
     assert store_settings(table_prefix=longest_ok).table_prefix == longest_ok
-    error = error_of(table_prefix="p" * 48)
+    error = error_of(table_prefix="p" * 50)
     assert "63" in error.rule
-    assert "at most 47" in error.rule
+    assert "at most 49" in error.rule
 
 
 def test_schema_of_63_bytes_is_accepted_and_64_rejected() -> None:

@@ -34,8 +34,8 @@ async def test_dead_tuples_in_the_outbox_are_reported(store: StoreSettings) -> N
     with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
         conn.execute("ALTER TABLE orders_outbox SET (autovacuum_enabled = false)")
         conn.execute(
-            "INSERT INTO orders_outbox (id, destination, body) "
-            "SELECT gen_random_uuid(), 'd', 'x' FROM generate_series(1, %s)",
+            "INSERT INTO orders_outbox (id, lane, destination, body) "
+            "SELECT gen_random_uuid(), -1, 'd', 'x' FROM generate_series(1, %s)",
             (rows,),
         )
         conn.execute("DELETE FROM orders_outbox")
