@@ -49,7 +49,7 @@ CLAIM = (
     "RETURNING id"
 )
 DELETE = (
-    "DELETE FROM {outbox} WHERE id = %(id)s "
+    "DELETE FROM {outbox} WHERE lane = %(lane)s AND id = %(id)s "
     "AND EXISTS (SELECT 1 FROM {leases} WHERE lane = %(lane)s AND token = %(token)s)"
 )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -137,6 +138,8 @@ class LaneRelay:
         tracer: RelayTracer | None = None,
     ) -> None:
         self.store = store
+        # Connections on which the fence check function exists (created once per connection).
+        self._prepared: weakref.WeakSet[psycopg.AsyncConnection[Any]] = weakref.WeakSet()
         # Told (lane, True) once a lane's lock is taken and (lane, False) when its transaction
         # ended: the window in which this member may send the lane (tests and metrics use it).
         self.observer = observer
@@ -198,6 +201,9 @@ class LaneRelay:
     async def _send_lane(self, conn: psycopg.AsyncConnection[Any], lane: int) -> ScanResult:
         started = self.clock()
         try:
+            if conn not in self._prepared:
+                await self.db.prepare_connection(conn)
+                self._prepared.add(conn)
             async with asyncio.timeout(self.batch_deadline):
                 return await self._batch(conn, lane, started)
         except TimeoutError:
@@ -244,6 +250,7 @@ class LaneRelay:
         if not rows:
             await conn.rollback()
             return ScanResult(lane, Scan.EMPTY, self.poll)
+        read = len(rows)
         rows = _until_future(rows)
         if not rows:
             await conn.rollback()
@@ -262,20 +269,20 @@ class LaneRelay:
             if report.unavailable is not None:
                 return ScanResult(lane, Scan.UNAVAILABLE, self.backoff, detail=report.unavailable)
             return ScanResult(lane, Scan.FAILED, self.backoff, detail="no acknowledgement in time")
+        # Raises FencedWriteError (nothing committed) unless the lease held for every delete.
         outcomes = await self.db.record_outcomes(
             conn, lane=lane, member=self.member, token=token, acked=acked, failures=failures
         )
-        if not outcomes.fence_held or outcomes.deleted != len(acked):
-            raise FencedWriteError(
-                f"lane {lane}: fenced delete matched {outcomes.deleted} of {len(acked)} rows "
-                f"(lease held: {outcomes.fence_held}); rolled back, the rows will be resent"
-            )
-        await conn.commit()
         self._log_failures(lane, rows, failures, outcomes.gave_up)
+        # Scan again at once while rows may be left; a batch that read the lane to its end and
+        # settled every row has left nothing: new rows come with a writer's NOTIFY (or the poll).
+        failed_keys = {row.key for row in rows if row.id in {f.id for f in failures}}
+        settled = len(acked) + sum(1 for row in rows if row.key in failed_keys)
+        drained = read < self.store.batch_size and read == len(rows) and settled == read
         return ScanResult(
             lane,
             Scan.SENT,
-            0.0,
+            self.poll if drained and not report.cut_short else 0.0,
             sent=outcomes.deleted,
             failed=outcomes.failed,
             gave_up=outcomes.gave_up,

@@ -15,9 +15,13 @@ from uuid import UUID
 
 import psycopg
 
+from relayer.errors import FencedWriteError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.transports.base import OutgoingMessage
+
+# The SQLSTATE pg_temp.relayer_fence_check raises (relay.sql).
+FENCE_LOST = "RL001"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,11 @@ class RelayStore:
             return None, []
         return row[0], [_pending(values) for values in await read.fetchall()]
 
+    async def prepare_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Create the fence check ``record_outcomes`` calls (once per connection)."""
+        await conn.execute(self.queries["fence_check_function"])
+        await conn.commit()
+
     async def record_outcomes(
         self,
         conn: psycopg.AsyncConnection[Any],
@@ -157,26 +166,36 @@ class RelayStore:
         acked: Sequence[UUID],
         failures: Sequence[Failure],
     ) -> Outcomes:
-        """Delete acknowledged rows and park failed keys, fenced by the lease token."""
-        cursor = await conn.execute(
-            self.queries["record_outcomes"],
-            {
-                "lane": lane,
-                "member": member,
-                "token": token,
-                "acked": list(acked),
-                "failed": [failure.id for failure in failures],
-                "errors": [failure.error for failure in failures],
-                "permanent": [failure.permanent for failure in failures],
-                "max_attempts": self.store.max_attempts,
-                "backoff": self.store.retry_backoff,
-                "backoff_max": self.store.retry_backoff_max,
-            },
-        )
+        """Delete acknowledged rows, park failed keys and commit, in one round trip.
+
+        Fenced by the lease token: if the lease did not hold or a row was not there to delete,
+        the statement raises FencedWriteError and nothing commits (the caller rolls back).
+        """
+        params = {
+            "lane": lane,
+            "member": member,
+            "token": token,
+            "acked": list(acked),
+            "failed": [failure.id for failure in failures],
+            "errors": [failure.error for failure in failures],
+            "permanent": [failure.permanent for failure in failures],
+            "max_attempts": self.store.max_attempts,
+            "backoff": self.store.retry_backoff,
+            "backoff_max": self.store.retry_backoff_max,
+            "expected": len(acked),
+        }
+        try:
+            async with conn.pipeline():
+                cursor = await conn.execute(self.queries["record_outcomes"], params)
+                await conn.commit()
+        except psycopg.Error as exc:
+            if exc.sqlstate == FENCE_LOST:
+                raise FencedWriteError(exc.diag.message_primary or str(exc)) from exc
+            raise
         row = await cursor.fetchone()
         assert row is not None
-        deleted, failed, gave_up, unparked, fence_held = row
-        return Outcomes(int(deleted), int(failed), int(gave_up), int(unparked), bool(fence_held))
+        deleted, failed, gave_up, unparked, _ = row
+        return Outcomes(int(deleted), int(failed), int(gave_up), int(unparked), True)
 
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})

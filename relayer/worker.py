@@ -118,7 +118,14 @@ class StoreRuntime:
             open=False,
             # A scan waiting for a connection must give its slot back well within a lease.
             timeout=max(store.lease_duration.total_seconds() / 4, 1.0),
-            kwargs={"autocommit": False, "application_name": f"relayer:{store.name}:batch"},
+            kwargs={
+                "autocommit": False,
+                "application_name": f"relayer:{store.name}:batch",
+                # A batch's commit records deletes of rows the broker already has: losing it in
+                # a server crash only sends those rows again (at-least-once holds), so it need
+                # not wait for the WAL flush.
+                "options": "-c synchronous_commit=off",
+            },
             name=f"relayer-{store.name}",
         )
         # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
@@ -140,6 +147,19 @@ class StoreRuntime:
                 self.queue.schedule(lane, self.now())
             else:
                 self.queue.discard(lane)
+
+    def woken(self, payload: str) -> None:
+        """A writer's NOTIFY: the payload is a lane to scan now, or empty for every lane."""
+        try:
+            lane = int(payload)
+        except ValueError:
+            self.wake_all()
+            return
+        if lane in self.membership.lanes:
+            # Skip the probe: a row was just committed in this lane.
+            now = self.now()
+            self._due_heads[lane] = now
+            self.queue.schedule(lane, now)
 
     def wake_all(self) -> None:
         """A writer committed rows (NOTIFY): probe every owned lane in one query and scan the
@@ -220,8 +240,8 @@ class StoreRuntime:
                     while not stop.is_set():
                         # Bounded waits instead of cancelling a pending read: a cancelled
                         # notifies() generator can keep the connection busy at close.
-                        async for _ in conn.notifies(timeout=LISTEN_WAIT, stop_after=1):
-                            self.wake_all()
+                        async for notice in conn.notifies(timeout=LISTEN_WAIT, stop_after=1):
+                            self.woken(notice.payload)
             except DATABASE_TROUBLE as exc:
                 logger.warning(
                     "LISTEN on store %s lost: %s; polling until it is back",

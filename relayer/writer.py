@@ -34,6 +34,8 @@ from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQU
 MAX_KEY_BYTES = 1024
 MAX_DESTINATION_BYTES = 1024
 MAX_HEADERS_BYTES = 64 * 1024
+# A batch touching more lanes than this sends one "wake every lane" notification instead.
+NOTIFY_LANES_MAX = 32
 MAX_TRANSPORT_NAME = 128
 _COPY_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb", "timestamptz")
 _STAMPED_HEADERS = {
@@ -281,7 +283,7 @@ class Outbox:
                 for row in _streamed(validated, rows):
                     copy.write_row(row)
             if self._wakes_workers(rows):
-                cursor.execute(self._queries["notify"], (self._channel,))
+                cursor.execute(*self._notify_statement(rows))
         self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
 
@@ -291,8 +293,16 @@ class Outbox:
 
     def _insert_statement(self, row: Row) -> tuple[str, Sequence[object]]:
         if self._wakes_workers([row]):
-            return self._insert_notify, (*row, self._channel)
+            return self._insert_notify, (*row, self._channel, str(row[1]))
         return self._insert, row
+
+    def _notify_statement(self, rows: Sequence[Row]) -> tuple[str, Sequence[object]]:
+        """One notification per lane written (a worker wakes just those lanes), or a single
+        empty one, meaning "every lane", when a batch spans many lanes."""
+        lanes = sorted({row[1] for row in rows if row[1] != UNORDERED_LANE})
+        if len(lanes) > NOTIFY_LANES_MAX:
+            return self._queries["notify"], (self._channel,)
+        return self._queries["notify_lanes"], (self._channel, lanes)
 
     def _verify_sync(self, connection: psycopg.Connection[Any]) -> None:
         require_transaction(connection, "outbox row")
@@ -352,7 +362,7 @@ class Outbox:
                 for row in _streamed(validated, rows):
                     await copy.write_row(row)
             if self._wakes_workers(rows):
-                await cursor.execute(self._queries["notify"], (self._channel,))
+                await cursor.execute(*self._notify_statement(rows))
         self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
 

@@ -45,15 +45,21 @@ INSERT INTO {outbox} (id, lane, ordering_key, transport, destination, body, head
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 
 -- name: insert_message_notify
+-- The payload is the row's lane, so a worker wakes just that lane. PostgreSQL sends a
+-- (channel, payload) pair once per transaction, at commit, however often it was notified.
 WITH inserted AS (
     INSERT INTO {outbox} (id, lane, ordering_key, transport, destination, body, headers, deliver_at)
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 )
-SELECT pg_notify(%s, '')
+SELECT pg_notify(%s, %s)
 
 -- name: copy_messages
 COPY {outbox} (id, lane, ordering_key, transport, destination, body, headers, deliver_at)
 FROM STDIN (FORMAT BINARY)
 
 -- name: notify
+-- An empty payload wakes every lane (the workers probe them all in one query).
 SELECT pg_notify(%s, '')
+
+-- name: notify_lanes
+SELECT pg_notify(%s, lane::text) FROM unnest(%s::int4[]) AS lane

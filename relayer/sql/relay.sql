@@ -155,4 +155,24 @@ SELECT (SELECT count(*) FROM deleted),
        (SELECT count(*) FROM counted),
        (SELECT count(*) FROM parked WHERE gave_up),
        (SELECT count(*) FROM unparked),
-       EXISTS (SELECT 1 FROM fence)
+       -- Raises (and so aborts the transaction, whose COMMIT was sent with this statement)
+       -- unless the lease still held and every acknowledged row was deleted.
+       pg_temp.relayer_fence_check(
+           EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM deleted), %(expected)s, %(lane)s
+       )
+
+-- name: fence_check_function
+-- Created once per batch connection, in its own transaction (pg_temp: the connection's own).
+CREATE OR REPLACE FUNCTION pg_temp.relayer_fence_check(
+    held boolean, deleted bigint, expected integer, lane integer
+) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT held OR deleted <> expected THEN
+        RAISE EXCEPTION 'relayer: lane %: the fenced delete matched % of % rows (lease held: %); '
+            'rolled back, the rows will be sent again', lane, deleted, expected,
+            CASE WHEN held THEN 'yes' ELSE 'no' END
+            USING ERRCODE = 'RL001';
+    END IF;
+    RETURN true;
+END
+$$

@@ -18,7 +18,7 @@ from relayer.errors import (
     UsageError,
 )
 from relayer.settings import StoreSettings
-from tests.conftest import make_store
+from tests.conftest import apply_schema, make_store
 
 
 def outbox_rows(dsn: str) -> list[tuple[Any, ...]]:
@@ -252,21 +252,40 @@ def test_lane_count_is_checked_once_per_outbox(store: StoreSettings) -> None:
     assert len(statements) == 1 and "INSERT" in statements[0]
 
 
-def test_a_notification_per_transaction_wakes_listeners(store: StoreSettings) -> None:
+def test_one_notification_per_transaction_and_lane_wakes_listeners(store: StoreSettings) -> None:
     dsn = store.require_dsn()
     outbox = Outbox(store)
+    keys = ["k0", "k1", "k2", "k0", "k1", "k1"]
     with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn) as writer:
         listener.execute(f'LISTEN "{store.names.notify_channel}"')
-        for index in range(5):
-            outbox.write(writer, destination="d", body=b"x", key=f"k{index}")
-        outbox.write_many(writer, [OutboxMessage("d", b"y", key="k")])
+        for key in keys:
+            outbox.write(writer, destination="d", body=b"x", key=key)
+        outbox.write_many(writer, [OutboxMessage("d", b"y", key="k2")])
+        outbox.write(writer, destination="d", body=b"x")  # unordered: wakes no lane
         writer.commit()
         select.select([listener.fileno()], [], [], 5)
         received = list(listener.notifies(timeout=0.5))
-        assert len(received) == 1
+        # Each lane once (PostgreSQL folds equal payloads of one transaction), on commit only.
+        lanes = sorted({str(lane_for(key, store.lanes)) for key in keys})
+        assert sorted(notice.payload for notice in received) == lanes
         outbox.write(writer, destination="d", body=b"x", key="k")
         writer.rollback()
         assert list(listener.notifies(timeout=0.3)) == []
+
+
+def test_a_batch_over_many_lanes_sends_one_notification_for_all(store: StoreSettings) -> None:
+    dsn = store.require_dsn()
+    wide = make_store(dsn, lanes=64)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM orders_meta")  # re-record: an empty outbox, 64 lanes now
+    asyncio.run(apply_schema(wide))
+    messages = [OutboxMessage("d", b"x", key=f"key-{index}") for index in range(400)]
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn) as writer:
+        listener.execute(f'LISTEN "{store.names.notify_channel}"')
+        Outbox(wide).write_many(writer, messages)
+        writer.commit()
+        select.select([listener.fileno()], [], [], 5)
+        assert [notice.payload for notice in listener.notifies(timeout=0.5)] == [""]
 
 
 def test_notify_can_be_turned_off(store: StoreSettings) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from relayer.errors import FencedWriteError
 from relayer.relay import LaneRelay, Prober, Scan
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore
@@ -262,15 +263,23 @@ async def test_stale_owner_fenced_delete_removes_nothing(
     import uuid
 
     async with await connection(relay_store) as conn:
+        await db.prepare_connection(conn)
         token, _ = await db.lock_and_read(conn, 0, MEMBER, uuid.uuid4(), 10)
         assert token is not None
         await conn.commit()
-        stale = await db.record_outcomes(
-            conn, lane=0, member=MEMBER, token=uuid.uuid4(), acked=ids, failures=[]
+        with pytest.raises(FencedWriteError, match=r"matched 0 of 2 rows \(lease held: no\)"):
+            await db.record_outcomes(
+                conn, lane=0, member=MEMBER, token=uuid.uuid4(), acked=ids, failures=[]
+            )
+        await conn.rollback()
+        # The current owner's fenced delete goes through.
+        token, _ = await db.lock_and_read(conn, 0, MEMBER, uuid.uuid4(), 10)
+        assert token is not None
+        done = await db.record_outcomes(
+            conn, lane=0, member=MEMBER, token=token, acked=ids[:1], failures=[]
         )
-        await conn.commit()
-    assert not stale.fence_held and stale.deleted == 0
-    assert pending(relay_store) == 2
+    assert done.deleted == 1
+    assert pending(relay_store) == 1
 
 
 async def test_killed_connection_mid_batch_loses_nothing(
