@@ -161,7 +161,7 @@ async def main_async(arguments: argparse.Namespace) -> None:
                 dsn=dsn,
                 schema=schema_name,
                 table_prefix="l_",
-                lanes=64,
+                lanes=arguments.lanes,
                 transports={"broker": {"type": "memory"}},
                 default_transport="broker",
             )
@@ -190,6 +190,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000)
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--transport", choices=("memory", "kafka"), default="memory")
+    parser.add_argument("--lanes", type=int, default=64)
     parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
     asyncio.run(main_async(parser.parse_args()))
 

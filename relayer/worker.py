@@ -113,7 +113,9 @@ class StoreRuntime:
         self.prober = Prober(RelayStore(store), self._connect_autocommit)
         self.pool = AsyncConnectionPool(
             store.require_dsn(),
-            min_size=pool_size,
+            # Resized to the member's share when it changes (see _lanes_changed): no more open
+            # connections than lanes this member can send at once.
+            min_size=1,
             max_size=pool_size,
             open=False,
             # A scan waiting for a connection must give its slot back well within a lease.
@@ -134,6 +136,7 @@ class StoreRuntime:
         )
         self.stats = StoreStats()
         self._waking: asyncio.Future[None] | None = None
+        self._resize: asyncio.Future[None] | None = None
         self._wake_again = False
         # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
         self._due_heads: dict[int, float] = {}
@@ -143,10 +146,18 @@ class StoreRuntime:
 
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
         for lane in range(self.store.lanes):
-            if lane in lanes:
-                self.queue.schedule(lane, self.now())
-            else:
+            if lane not in lanes:
                 self.queue.discard(lane)
+                self._due_heads.pop(lane, None)
+        self.wake_all()  # probe the new share: lanes with due heads get scanned
+        if not self.pool.closed:
+            self._resize = asyncio.ensure_future(
+                self.pool.resize(self._pool_target(), self.pool.max_size)
+            )
+
+    def _pool_target(self) -> int:
+        """Connections to keep open: one per lane of the share, up to the pool size."""
+        return min(self.pool.max_size, max(1, len(self.membership.lanes)))
 
     def woken(self, payload: str) -> None:
         """A writer's NOTIFY: the payload is a lane to scan now, or empty for every lane."""
@@ -162,8 +173,9 @@ class StoreRuntime:
             self.queue.schedule(lane, now)
 
     def wake_all(self) -> None:
-        """A writer committed rows (NOTIFY): probe every owned lane in one query and scan the
-        lanes whose head is due, now. Wake-ups that arrive during a probe fold into one more."""
+        """Probe every owned lane in one query and scan the lanes whose head is due, now (every
+        poll_interval, on an empty NOTIFY, after a reconnect or a new share). Idle lanes cost
+        no job and no write. Wake-ups that arrive during a probe fold into one more."""
         if self._waking is not None and not self._waking.done():
             self._wake_again = True
             return
@@ -174,19 +186,29 @@ class StoreRuntime:
         while self._wake_again:
             self._wake_again = False
             lanes = sorted(self.membership.lanes)
+            if not lanes:
+                return
             try:
-                heads = await asyncio.gather(*(self.prober.head(lane) for lane in lanes))
+                heads = await self.prober.heads(lanes)
             except DATABASE_TROUBLE as exc:
                 self.stats.last_error = redact(str(exc))
-                return  # each lane's own poll covers the gap
+                return  # the next poll tries again
             now = self.now()
             for head in heads:
                 decided = self.relay.after_probe(head)
                 if decided is None:
                     self._due_heads[head.lane] = now
                     self.queue.schedule(head.lane, now)
-                elif decided.scan is Scan.FUTURE:
+                elif decided.scan in (Scan.FUTURE, Scan.BUSY):
                     self.queue.schedule(head.lane, now + decided.next_in)
+
+    async def poll(self, stop: asyncio.Event) -> None:
+        """The fallback for lost notifications: probe every owned lane each poll_interval."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.relay.poll)
+            if not stop.is_set():
+                self.wake_all()
 
     async def scan(self, lane: int) -> None:
         """One lane scan: probe, send a batch if the head is due, and always reschedule."""
@@ -213,7 +235,9 @@ class StoreRuntime:
                 result.sent,
                 extra={"action": "batch", "store": self.store.name, "lane": lane},
             )
-        if lane in self.membership.lanes:
+        # An empty lane or one a batch drained waits for a notification or the next poll.
+        quiet = result.scan is Scan.EMPTY or (result.scan is Scan.SENT and result.next_in > 0)
+        if lane in self.membership.lanes and not quiet:
             self.queue.schedule(lane, self.now() + result.next_in)
 
     async def _scan(self, lane: int) -> ScanResult:
@@ -256,16 +280,19 @@ class StoreRuntime:
         async with await self._connect_autocommit() as conn:
             await schema.require_meta(conn, self.store)
             await RelayStore(self.store).ensure_lane_rows(conn)
-        await self.pool.open(wait=True, timeout=30)
+        # Join first: the share sizes the pool, which starts with that many connections ready.
         await self.membership.beat()
+        await self.pool.open(wait=True, timeout=30)
+        await self.pool.resize(self._pool_target(), self.pool.max_size)
+        await self.pool.wait(timeout=30)
         self.maintenance.start()
 
     async def close(self) -> None:
+        await self.membership.leave()
         if self._waking is not None:
             self._waking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._waking
-        await self.membership.leave()
         await self.prober.close()
         await self.pool.close()
 
@@ -400,6 +427,7 @@ class Worker:
                 for runtime in opened:
                     tasks.create_task(runtime.membership.run(stop))
                     tasks.create_task(runtime.listen(stop))
+                    tasks.create_task(runtime.poll(stop))
                 group = tasks.create_task(self.group.run())
                 self.started.set()
                 await stop.wait()

@@ -171,7 +171,7 @@ class WorkerGroup(Generic[KeyT]):
             raise UsageError(f"worker group {self.name!r} is already running")
         self.validate()
         self._active = True
-        self._stopping = False
+        # A stop() that came before run() started stands: run returns at once.
         for source in self._sources:
             source.listen(self.wake)
         try:
@@ -185,6 +185,7 @@ class WorkerGroup(Generic[KeyT]):
         finally:
             self._spawn = None
             self._active = False
+            self._stopping = False  # the group can run again
             for source in self._sources:
                 source.unlisten(self.wake)
 

@@ -229,3 +229,17 @@ async def test_the_monotonic_clock_wakes_a_real_group() -> None:
         await done.wait()
     group.stop()
     await task
+
+
+async def test_a_stop_before_run_makes_run_return_at_once() -> None:
+    from relayer.dispatch import MemoryQueue, Strict, WorkerGroup
+
+    async def handler(job: object) -> None:
+        raise AssertionError("no job may run")
+
+    queue: MemoryQueue[int] = MemoryQueue("q")
+    queue.schedule(1, 0.0)
+    group = WorkerGroup(Strict("q"), [queue], handler, pool_size=1)
+    group.stop()
+    await asyncio.wait_for(group.run(), 2)
+    assert len(queue) == 1
