@@ -62,10 +62,6 @@ class ScanResult:
     acked: Sequence[UUID] = ()  # ids deleted by this batch, ascending (for latency metrics)
 
 
-# Lanes per probe query when a member probes its whole share (up to 65,536 lanes).
-PROBE_CHUNK = 4096
-
-
 class Prober:
     """Coalesces the probes of every scan that starts in the same event-loop turn."""
 
@@ -115,15 +111,13 @@ class Prober:
                     future.set_result(head)
 
     async def heads(self, lanes: Sequence[int]) -> list[LaneHead]:
-        """Probe many lanes at once (a member's whole share), a few thousand per query."""
-        found: list[LaneHead] = []
+        """The heads of ``lanes`` that hold rows (a member's whole share), in one query."""
         async with self._lock:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = await self._connect()
-                for start in range(0, len(lanes), PROBE_CHUNK):
-                    self.queries += 1
-                    found += await self._store.probe(self._conn, lanes[start : start + PROBE_CHUNK])
+                self.queries += 1
+                found = await self._store.probe(self._conn, lanes, busy_only=True)
             except BaseException:
                 if self._conn is not None and self._conn.broken:
                     self._conn = None

@@ -109,9 +109,12 @@ class RelayStore:
         await conn.execute(self.queries["leave"], {"member": member})
 
     async def probe(
-        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int], *, busy_only: bool = False
     ) -> list[LaneHead]:
-        cursor = await conn.execute(self.queries["probe"], {"lanes": list(lanes)})
+        """Each lane's head; with ``busy_only``, only lanes that hold a row are returned (found
+        with a loose index scan: the cost follows busy lanes, not lanes)."""
+        query = self.queries["probe_share" if busy_only else "probe"]
+        cursor = await conn.execute(query, {"lanes": list(lanes)})
         return [
             LaneHead(
                 lane=int(lane),

@@ -75,6 +75,44 @@ LEFT JOIN LATERAL (
 ) AS h ON true
 LEFT JOIN {leases} AS s ON s.lane = l.lane
 
+-- name: probe_share
+-- The same, for a member's whole share (up to 65,536 lanes): a loose index scan first finds the
+-- lanes that hold any row (one index descent per busy lane, not per lane), and only those of
+-- the share are probed. Lanes without rows are not returned.
+WITH RECURSIVE busy(lane) AS (
+    (SELECT o.lane FROM {outbox} AS o WHERE o.lane >= 0 ORDER BY o.lane, o.id LIMIT 1)
+    UNION ALL
+    SELECT next.lane
+    FROM busy,
+    LATERAL (
+        SELECT o.lane FROM {outbox} AS o WHERE o.lane > busy.lane ORDER BY o.lane, o.id LIMIT 1
+    ) AS next
+)
+SELECT l.lane,
+       h.id,
+       h.deliver_at,
+       coalesce(h.deliver_at > now(), false) AS future,
+       CASE WHEN h.deliver_at > now() AND isfinite(h.deliver_at)
+            THEN extract(epoch FROM h.deliver_at - now())::float8 ELSE 0 END AS due_in,
+       s.owner,
+       coalesce(s.expires_at > now(), false) AS lease_live,
+       CASE WHEN s.expires_at > now() AND isfinite(s.expires_at)
+            THEN extract(epoch FROM s.expires_at - now())::float8 ELSE 0 END AS lease_left
+FROM busy AS l
+JOIN LATERAL (
+    SELECT o.id, o.deliver_at
+    FROM {outbox} AS o
+    WHERE o.lane = l.lane
+      AND o.ordering_key NOT IN (
+          SELECT p.ordering_key FROM {parked} AS p
+          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > now())
+      )
+    ORDER BY o.id
+    LIMIT 1
+) AS h ON true
+LEFT JOIN {leases} AS s ON s.lane = l.lane
+WHERE l.lane = ANY(%(lanes)s::int4[])
+
 -- name: lock_lane
 -- Take or renew the lane lease and lock its row for the whole batch. Never waits: a row locked
 -- by another transaction (a batch still in flight, even past its expiry) is skipped.
