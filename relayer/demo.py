@@ -23,6 +23,7 @@ from psycopg import sql
 from relayer import schema
 from relayer.connection import connect
 from relayer.errors import RelayerError
+from relayer.lanes import lane_for
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
 from relayer.status import read_status
 from relayer.worker import Worker
@@ -124,11 +125,14 @@ class OrderWriter:
         self.rng = random.Random(7)
         self.sequence: dict[str, int] = {}
         self.written = 0
+        self.per_lane: dict[int, int] = {}
         self.table = sql.Identifier(DEMO_SCHEMA, "orders")
 
     def _next(self) -> tuple[int, str, int, OutboxMessage]:
         self.written += 1
         customer = f"customer-{self.rng.randrange(self.customers):03d}"
+        lane = lane_for(customer, self.store.lanes)
+        self.per_lane[lane] = self.per_lane.get(lane, 0) + 1
         self.sequence[customer] = self.sequence.get(customer, 0) + 1
         amount = self.rng.randrange(100, 50_000)
         event = {
@@ -287,6 +291,14 @@ async def run_demo(
                 f"backlog written and relayed in {elapsed:.2f} s: "
                 f"{backlog_orders / elapsed:,.0f} orders/s end to end"
             )
+            say("rows written per lane (lane: rows, owner):")
+            owners = {lane: member for member, owned in lanes.items() for lane in owned}
+            cells = [
+                f"{lane:>3}: {count:>5,} {owners.get(lane, '-')}"
+                for lane, count in sorted(writer.per_lane.items())
+            ]
+            for start in range(0, len(cells), 4):
+                say("  " + "   ".join(cells[start : start + 4]))
             for member, owned in lanes.items():
                 say(f"  {member} sent lanes {owned}")
             total = writer.written

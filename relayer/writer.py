@@ -404,10 +404,12 @@ def _with_ids(validated: list[Fields]) -> list[Row]:
 
 
 def _text(field_name: str, value: object, limit: int) -> str:
-    if not isinstance(value, str):
+    if type(value) is not str and not isinstance(value, str):
         raise InvalidMessageError(field_name, value, f"must be str, not {type(value).__name__}")
     if "\x00" in value:
         raise InvalidMessageError(field_name, _preview(value), "must not contain NUL characters")
+    if len(value) * 4 <= limit:
+        return value  # UTF-8 takes at most 4 bytes a character: no need to encode to know
     size = len(value.encode("utf-8"))
     if size > limit:
         raise InvalidMessageError(

@@ -23,6 +23,7 @@ def test_demo_relays_and_verifies_per_key_order(pg_dsn: str, kafka_bootstrap: st
     out = result.stdout
     assert "two workers running" in out
     assert "worker-1 sent lanes [" in out and "worker-2 sent lanes [" in out
+    assert "rows written per lane" in out and "  0: " in out
     assert "orders/s end to end" in out
     assert "verified: 3,040 of 3,040 orders received" in out
     assert "customers' events in order" in out
