@@ -133,6 +133,7 @@ async def measure(
             committed.update(json.loads(text))
     stop.set()
     await task
+    stats = worker.runtimes[store.name].stats
     warm_up = min(committed.values()) + 2.0
     latencies = sorted(
         (clock.acked[message_id] - at) * 1000
@@ -149,6 +150,13 @@ async def measure(
     print(
         f"commit-to-ack latency ({arguments.transport}): p50 {quantiles[49]:.2f} ms, "
         f"p90 {quantiles[89]:.2f} ms, p99 {quantiles[98]:.2f} ms, max {latencies[-1]:.2f} ms"
+    )
+    transactions = stats.batch_seconds.count
+    print(
+        f"{stats.batches:,} lane batches in {transactions:,} batch transactions "
+        f"({stats.batches / max(transactions, 1):.1f} lanes per transaction), "
+        f"{stats.sent / max(stats.batches, 1):.1f} rows per lane batch; scans: "
+        + ", ".join(f"{count:,} {scan}" for scan, count in sorted(stats.by_scan.items()))
     )
 
 

@@ -127,7 +127,8 @@ async def baseline_rate(store: StoreSettings, transport: Transport, rows: int) -
     async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
         while sent < rows:
             for lane in range(LANES):
-                token, batch = await db.lock_and_read(conn, lane, "baseline", uuid.uuid4(), 100)
+                tokens, batch = await db.lock_and_read(conn, [lane], "baseline", uuid.uuid4(), 100)
+                token = tokens.get(lane)
                 if token is None:
                     await conn.rollback()
                     continue

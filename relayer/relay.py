@@ -14,13 +14,14 @@ event-loop turn into one query), and only a lane whose head is due takes its lea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from uuid import UUID, uuid4
 
 import psycopg
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from relayer.tracing import RelayTracer
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Scan(Enum):
@@ -62,69 +65,115 @@ class ScanResult:
     acked: Sequence[UUID] = ()  # ids deleted by this batch, ascending (for latency metrics)
 
 
+class Coalescer(Generic[T]):
+    """Serves together every lane asked for in the same event-loop turn.
+
+    ``get(lane)`` waits for the lane's result; the lanes asked for in one turn are handed to
+    ``serve`` at once (in chunks of at most ``chunk`` lanes, served concurrently, when ``chunk``
+    is set), which returns a result per lane. A lane asked for twice in one turn is served
+    once. Under load many scans start in the same turn, so the cost per lane falls as the load
+    rises; alone, a lane is served at once.
+    """
+
+    def __init__(
+        self, serve: Callable[[list[int]], Awaitable[Mapping[int, T]]], *, chunk: int = 0
+    ) -> None:
+        self._serve = serve
+        self._chunk = chunk
+        self._pending: dict[int, list[asyncio.Future[T]]] = {}
+        self._scheduled = False
+        self._tasks: set[asyncio.Future[None]] = set()
+
+    async def get(self, lane: int) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending.setdefault(lane, []).append(future)
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._start)
+        return await future
+
+    def _start(self) -> None:
+        self._scheduled = False
+        waiting, self._pending = self._pending, {}
+        lanes = sorted(waiting)
+        size = self._chunk or len(lanes) or 1
+        for start in range(0, len(lanes), size):
+            part = {lane: waiting[lane] for lane in lanes[start : start + size]}
+            task = asyncio.ensure_future(self._run(part))
+            self._tasks.add(task)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Future[None]) -> None:
+        self._tasks.discard(task)
+        _log_unexpected(task)
+
+    async def _run(self, waiting: dict[int, list[asyncio.Future[T]]]) -> None:
+        try:
+            results = await self._serve(list(waiting))
+        except BaseException as exc:
+            error = exc if isinstance(exc, Exception) else RuntimeError("cancelled")
+            for futures in waiting.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(error)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for lane, futures in waiting.items():
+            for future in futures:
+                if future.done():
+                    continue
+                if lane in results:
+                    future.set_result(results[lane])
+                else:
+                    future.set_exception(LookupError(f"no result for lane {lane}"))
+
+    async def close(self) -> None:
+        """Cancel what is still being served (shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+
+
 class Prober:
-    """Coalesces the probes of every scan that starts in the same event-loop turn."""
+    """Coalesces the probes of every scan that starts in the same event-loop turn into one
+    query, on one connection."""
 
     def __init__(self, store: RelayStore, connect: Callable[[], Any]) -> None:
         self._store = store
         self._connect = connect
-        self._pending: dict[int, list[asyncio.Future[LaneHead]]] = {}
-        self._flush_scheduled = False
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
+        self._probes: Coalescer[LaneHead] = Coalescer(self._probe)
         self.queries = 0
 
     async def head(self, lane: int) -> LaneHead:
-        future: asyncio.Future[LaneHead] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(lane, []).append(future)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._start_flush)
-        return await future
+        return await self._probes.get(lane)
 
-    def _start_flush(self) -> None:
-        self._flush_scheduled = False
-        waiting, self._pending = self._pending, {}
-        task = asyncio.ensure_future(self._flush(waiting))
-        task.add_done_callback(_log_unexpected)
-
-    async def _flush(self, waiting: dict[int, list[asyncio.Future[LaneHead]]]) -> None:
-        try:
-            async with self._lock:
-                if self._conn is None or self._conn.closed:
-                    self._conn = await self._connect()
-                self.queries += 1
-                heads = await self._store.probe(self._conn, sorted(waiting))
-        except BaseException as exc:
-            if self._conn is not None and self._conn.broken:
-                self._conn = None
-            for futures in waiting.values():
-                for future in futures:
-                    if not future.done():
-                        future.set_exception(exc if isinstance(exc, Exception) else RuntimeError())
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for head in heads:
-            for future in waiting.pop(head.lane, []):
-                if not future.done():
-                    future.set_result(head)
+    async def _probe(self, lanes: list[int]) -> dict[int, LaneHead]:
+        return {head.lane: head for head in await self._query(lanes, busy_only=False)}
 
     async def heads(self, lanes: Sequence[int]) -> list[LaneHead]:
         """The heads of ``lanes`` that hold rows (a member's whole share), in one query."""
+        return await self._query(lanes, busy_only=True)
+
+    async def _query(self, lanes: Sequence[int], *, busy_only: bool) -> list[LaneHead]:
         async with self._lock:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = await self._connect()
                 self.queries += 1
-                found = await self._store.probe(self._conn, lanes, busy_only=True)
+                return await self._store.probe(self._conn, lanes, busy_only=busy_only)
             except BaseException:
                 if self._conn is not None and self._conn.broken:
                     self._conn = None
                 raise
-        return found
 
     async def close(self) -> None:
+        await self._probes.close()
         if self._conn is not None:
             await self._conn.close()
             self._conn = None
@@ -133,7 +182,9 @@ class Prober:
 def _log_unexpected(task: asyncio.Future[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.error(
-            "probe failed unexpectedly", exc_info=task.exception(), extra={"action": "probe_failed"}
+            "a coalesced lane probe or batch failed unexpectedly",
+            exc_info=task.exception(),
+            extra={"action": "probe_failed"},
         )
 
 
@@ -203,136 +254,179 @@ class LaneRelay:
         return transport
 
     async def send_lane(self, conn: psycopg.AsyncConnection[Any], lane: int) -> ScanResult:
-        """One batch of ``lane`` on ``conn`` (not in autocommit mode). Never raises for database
-        or broker trouble: the result says what happened and when to scan again."""
-        if self.tracer is None:
-            return await self._send_lane(conn, lane)
-        with self.tracer.batch(self.store.name, lane) as span:
-            result = await self._send_lane(conn, lane)
-            span.finish(result)
-            return result
+        """One batch of ``lane`` on ``conn``; see ``send_lanes``."""
+        return (await self.send_lanes(conn, [lane]))[0]
 
-    async def _send_lane(self, conn: psycopg.AsyncConnection[Any], lane: int) -> ScanResult:
+    async def send_lanes(
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
+    ) -> list[ScanResult]:
+        """One batch of ``lanes`` (distinct, sorted) in one transaction on ``conn`` (not in
+        autocommit mode): a result per lane, in the same order. Never raises for database or
+        broker trouble: each result says what happened and when to scan that lane again."""
+        if self.tracer is None:
+            return await self._send_lanes(conn, lanes)
+        with self.tracer.batch(self.store.name, lanes) as span:
+            results = await self._send_lanes(conn, lanes)
+            span.finish(results)
+            return results
+
+    async def _send_lanes(
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
+    ) -> list[ScanResult]:
         started = self.clock()
         try:
             if conn not in self._prepared:
                 await self.db.prepare_connection(conn)
                 self._prepared.add(conn)
             async with asyncio.timeout(self.batch_deadline):
-                return await self._batch(conn, lane, started)
+                return await self._batch(conn, lanes, started)
         except TimeoutError:
             await abandon(conn)
-            return ScanResult(
-                lane, Scan.FAILED, self.backoff, detail="batch deadline passed; rolled back"
-            )
+            detail = "batch deadline passed; rolled back"
         except (psycopg.Error, FencedWriteError) as exc:
             await abandon(conn)
+            detail = str(exc)
             logger.warning(
                 "lane %s of store %s rolled back: %s",
-                lane,
+                _lanes_text(lanes),
                 self.store.name,
                 exc,
-                extra={"action": "rollback", "store": self.store.name, "lane": lane},
+                extra={"action": "rollback", "store": self.store.name, "lane": lanes[0]},
             )
-            return ScanResult(lane, Scan.FAILED, self.backoff, detail=str(exc))
+        return [ScanResult(lane, Scan.FAILED, self.backoff, detail=detail) for lane in lanes]
 
     async def _batch(
-        self, conn: psycopg.AsyncConnection[Any], lane: int, started: float
-    ) -> ScanResult:
-        token, rows = await self.db.lock_and_read(
-            conn, lane, self.member, uuid4(), self.store.batch_size
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int], started: float
+    ) -> list[ScanResult]:
+        tokens, rows = await self.db.lock_and_read(
+            conn, lanes, self.member, uuid4(), self.store.batch_size
         )
-        if token is None:
-            await conn.rollback()
-            return ScanResult(lane, Scan.BUSY, self.poll)
+        if not tokens:
+            await self.db.end_unchanged(conn)
+            return [ScanResult(lane, Scan.BUSY, self.poll) for lane in lanes]
         if self.observer is not None:
-            self.observer(lane, True)
+            for lane in tokens:
+                self.observer(lane, True)
         try:
-            return await self._send_locked(conn, lane, started, token, rows)
+            done = await self._send_locked(conn, started, tokens, rows)
         finally:
             if self.observer is not None:
-                self.observer(lane, False)
+                for lane in tokens:
+                    self.observer(lane, False)
+        return [done.get(lane) or ScanResult(lane, Scan.BUSY, self.poll) for lane in lanes]
 
     async def _send_locked(
         self,
         conn: psycopg.AsyncConnection[Any],
-        lane: int,
         started: float,
-        token: UUID,
+        tokens: Mapping[int, UUID],
         rows: list[PendingRow],
-    ) -> ScanResult:
-        if not rows:
-            await conn.rollback()
-            return ScanResult(lane, Scan.EMPTY, self.poll)
-        read = len(rows)
-        rows = _until_future(rows)
-        if not rows:
-            await conn.rollback()
-            return ScanResult(lane, Scan.FUTURE, self.poll)
+    ) -> dict[int, ScanResult]:
+        """Send the rows of the locked lanes, record the outcomes and commit; each lane's
+        result. Lanes with nothing to send are left out of the outcome statement's work but
+        stay fenced with the others (their lease rows are locked all the same)."""
+        read = _per_lane(rows)
+        results: dict[int, ScanResult] = {}
+        sendable: list[PendingRow] = []
+        for lane in tokens:
+            ready = _until_future(read.get(lane, []))
+            if not ready:
+                scan = Scan.FUTURE if read.get(lane) else Scan.EMPTY
+                results[lane] = ScanResult(lane, scan, self.poll)
+            sendable.extend(ready)
+        if not sendable:
+            await self.db.end_unchanged(conn)
+            return results
         report = await send_batch(
-            rows,
+            sendable,
             self.resolve,
             self.destinations,
             admit_until=started + self.admission,
             wait_until=started + self.batch_deadline - self.commit_reserve,
             clock=self.clock,
         )
-        acked, failures = report.outcomes(rows)
+        acked, failures = report.outcomes(sendable)
+        if report.unavailable is not None:
+            stall, why = Scan.UNAVAILABLE, report.unavailable
+        else:
+            stall, why = Scan.FAILED, "no acknowledgement in time"
         if not acked and not failures:
-            await conn.rollback()
-            if report.unavailable is not None:
-                return ScanResult(lane, Scan.UNAVAILABLE, self.backoff, detail=report.unavailable)
-            return ScanResult(lane, Scan.FAILED, self.backoff, detail="no acknowledgement in time")
-        # Raises FencedWriteError (nothing committed) unless the lease held for every delete.
+            await self.db.end_unchanged(conn)
+            for lane in _per_lane(sendable):
+                results[lane] = ScanResult(lane, stall, self.backoff, detail=why)
+            return results
+        # Raises FencedWriteError (nothing committed) unless every lease held for every delete.
         outcomes = await self.db.record_outcomes(
-            conn, lane=lane, member=self.member, token=token, acked=acked, failures=failures
+            conn, member=self.member, tokens=tokens, acked=acked, failures=failures
         )
-        self._log_failures(lane, rows, failures, outcomes.gave_up)
-        # Scan again at once while rows may be left; a batch that read the lane to its end and
-        # settled every row has left nothing: new rows come with a writer's NOTIFY (or the poll).
-        failed_keys = {row.key for row in rows if row.id in {f.id for f in failures}}
-        settled = len(acked) + sum(1 for row in rows if row.key in failed_keys)
-        drained = read < self.store.batch_size and read == len(rows) and settled == read
-        return ScanResult(
-            lane,
-            Scan.SENT,
-            self.poll if drained and not report.cut_short else 0.0,
-            sent=outcomes.deleted,
-            failed=outcomes.failed,
-            gave_up=outcomes.gave_up,
-            acked=acked,
-            cut_short=report.cut_short,
-            detail=report.unavailable or "",
-        )
+        self._log_failures(failures, outcomes.gave_up)
+        acked_by_lane = _per_lane(acked)
+        failed_by_lane = _per_lane([row for row, _ in failures])
+        for lane, lane_rows in _per_lane(sendable).items():
+            lane_acked = acked_by_lane.get(lane, [])
+            lane_failed = failed_by_lane.get(lane, [])
+            if not lane_acked and not lane_failed:
+                # Nothing of this lane settled (its broker is down, or no acknowledgement came
+                # in time) while other lanes of the batch went through: it waits, as if alone.
+                results[lane] = ScanResult(lane, stall, self.backoff, detail=why)
+                continue
+            # Scan again at once while rows may be left; a batch that read the lane to its end
+            # and settled every row has left nothing: new rows come with a writer's NOTIFY (or
+            # the poll).
+            failed_keys = {row.key for row in lane_failed}
+            settled = len(lane_acked) + sum(1 for row in lane_rows if row.key in failed_keys)
+            count = len(read[lane])
+            drained = count < self.store.batch_size and count == len(lane_rows) and settled == count
+            results[lane] = ScanResult(
+                lane,
+                Scan.SENT,
+                self.poll if drained and not report.cut_short else 0.0,
+                sent=len(lane_acked),
+                failed=len(lane_failed),
+                gave_up=outcomes.gave_up.count(lane),
+                acked=tuple(row.id for row in lane_acked),
+                cut_short=report.cut_short,
+                detail=report.unavailable or "",
+            )
+        return results
 
     def _log_failures(
-        self, lane: int, rows: Sequence[PendingRow], failures: Sequence[Failure], gave_up: int
+        self, failures: Sequence[tuple[PendingRow, Failure]], gave_up: Sequence[int]
     ) -> None:
-        if not failures:
-            return
-        keys = {row.id: row.key for row in rows}
-        for failure in failures:
+        for row, failure in failures:
             logger.warning(
                 "key %r parked: %s",
-                keys.get(failure.id),
+                row.key,
                 failure.error,
                 extra={
                     "action": "park",
                     "store": self.store.name,
-                    "lane": lane,
-                    "key": keys.get(failure.id),
+                    "lane": row.lane,
+                    "key": row.key,
                     "error": failure.error,
                 },
             )
-        if gave_up:
+        for lane in sorted(set(gave_up)):
             logger.error(
                 "%s key(s) reached max_attempts=%s and wait for an operator "
                 "(relayer parked redrive|drop %s)",
-                gave_up,
+                gave_up.count(lane),
                 self.store.max_attempts,
                 self.store.name,
                 extra={"action": "give_up", "store": self.store.name, "lane": lane},
             )
+
+
+def _per_lane(rows: Sequence[PendingRow]) -> dict[int, list[PendingRow]]:
+    """``rows`` grouped by lane, each lane's rows in their given order."""
+    grouped: dict[int, list[PendingRow]] = {}
+    for row in rows:
+        grouped.setdefault(row.lane, []).append(row)
+    return grouped
+
+
+def _lanes_text(lanes: Sequence[int]) -> str:
+    return ", ".join(str(lane) for lane in lanes)
 
 
 def _until_future(rows: list[PendingRow]) -> list[PendingRow]:

@@ -1,10 +1,11 @@
-"""Pipelined sending of one lane batch with per-row outcomes and per-key order.
+"""Pipelined sending of one batch (one or more lanes) with per-row outcomes and per-key order.
 
 Rows are published in id order. A key's next row is published right after its previous one
 only when both go to the same destination of a transport whose failures are gapless
 (``pipelines_within_key``); otherwise it waits for the previous acknowledgement. Keys never wait
-for each other. A failed row stops its key for the rest of the batch. Admission of new rows
-stops at ``admit_until``; acknowledgements are awaited until ``wait_until``; whatever is still
+for each other. A failed row stops its key for the rest of the batch; a transport that cannot be
+reached stops its own rows (other transports' rows go on). Admission of new rows stops at
+``admit_until``; acknowledgements are awaited until ``wait_until``; whatever is still
 unresolved then is left alone (kept in the outbox and sent again later).
 """
 
@@ -18,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from uuid import UUID
 
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import TransportError
@@ -47,22 +47,24 @@ class SendReport:
     cut_short: bool = False
     unavailable: str | None = None
 
-    def outcomes(self, rows: Sequence[PendingRow]) -> tuple[list[UUID], list[Failure]]:
+    def outcomes(
+        self, rows: Sequence[PendingRow]
+    ) -> tuple[list[PendingRow], list[tuple[PendingRow, Failure]]]:
         """Rows to delete and failed heads to park: per key, the acknowledged prefix, then the
         first failure. Later rows of a key are kept even if acknowledged (resent after it)."""
-        acked: list[UUID] = []
-        failures: list[Failure] = []
+        acked: list[PendingRow] = []
+        failures: list[tuple[PendingRow, Failure]] = []
         stopped: set[str] = set()
         for index, row in enumerate(rows):
             if row.key in stopped:
                 continue
             state = self.states[index]
             if state is State.ACKED:
-                acked.append(row.id)
+                acked.append(row)
                 continue
             stopped.add(row.key)
             if state is State.FAILED:
-                failures.append(self.failures[index])
+                failures.append((row, self.failures[index]))
         return acked, failures
 
 
@@ -89,6 +91,8 @@ class BatchSender:
         self._next_of_key: list[int | None] = [None] * len(rows)
         self._ready: list[int] = []
         self._stopped_keys: set[str] = set()
+        # Transports found unreachable in this batch: their rows wait for the next one.
+        self._down: set[str] = set()
         self._waiting_for_ack: dict[int, int] = {}  # published row -> next row of its key
         self._previous_of_key: dict[
             int, asyncio.Future[None]
@@ -128,7 +132,7 @@ class BatchSender:
         return self.report
 
     def _admission_over(self) -> bool:
-        return self.report.unavailable is not None or self.clock() >= self.admit_until
+        return self.clock() >= self.admit_until
 
     async def _publish_ready(self) -> None:
         if not self._ready or self._admission_over():
@@ -159,6 +163,9 @@ class BatchSender:
             message = row.message
             try:
                 transport = self.resolve(row)
+                if transport.name in self._down:
+                    self._unavailable(index, transport.name, None)
+                    continue
                 if (transport.name, message.destination) not in self.destinations:
                     await self.destinations.require_ordered(transport, message.destination)
             except PreparationError as exc:
@@ -171,8 +178,8 @@ class BatchSender:
                 self._fail(index, str(exc), permanent=not exc.retryable)
                 continue
             except TransportError as exc:  # not about this row: the client is unusable now
-                self._unavailable(index, exc)
-                return
+                self._unavailable(index, transport.name, exc)
+                continue
             except Exception as exc:  # a plug-in's bug must park only this row's key
                 self._fail(index, f"{type(exc).__name__}: {exc}", permanent=False)
                 continue
@@ -223,7 +230,7 @@ class BatchSender:
         elif isinstance(error, SendError):
             self._fail(index, str(error), permanent=not error.retryable)
         elif isinstance(error, TransportError):
-            self._unavailable(index, error)
+            self._unavailable(index, self.resolve(self.rows[index]).name, error)
         else:
             self._fail(index, f"{type(error).__name__}: {error}", permanent=False)
 
@@ -233,10 +240,14 @@ class BatchSender:
         self.report.failures[index] = Failure(row.id, error, permanent)
         self._stopped_keys.add(row.key)
 
-    def _unavailable(self, index: int, error: Exception) -> None:
+    def _unavailable(self, index: int, transport: str, error: Exception | None) -> None:
+        """The row's transport cannot be used now: the row stays unsent (no attempt counted),
+        its key stops, and so do the transport's other rows in this batch; rows of other
+        transports go on."""
         self.report.states[index] = State.UNSENT
         self._stopped_keys.add(self.rows[index].key)
-        if self.report.unavailable is None:
+        self._down.add(transport)
+        if error is not None and self.report.unavailable is None:
             self.report.unavailable = str(error)
 
 
@@ -258,7 +269,8 @@ async def send_batch(
     wait_until: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> SendReport:
-    """Publish ``rows`` (id order, one lane) and report the outcome of each."""
+    """Publish ``rows`` (id order within each lane; a key lives in one lane) and report the
+    outcome of each."""
     sender = BatchSender(
         rows, resolve, destinations, admit_until=admit_until, wait_until=wait_until, clock=clock
     )

@@ -39,9 +39,11 @@ class LaneHead:
 
 @dataclass(frozen=True, slots=True)
 class PendingRow:
-    """One ordered outbox row read under the lane lock: the message, as a transport gets it,
-    the transport it names (None: the store's default) and whether it is future-dated."""
+    """One ordered outbox row read under its lane's lock: its lane, the message as a
+    transport gets it, the transport it names (None: the store's default) and whether it is
+    future-dated."""
 
+    lane: int
     message: OutgoingMessage
     transport: str | None
     future: bool
@@ -72,9 +74,8 @@ class Failure:
 class Outcomes:
     deleted: int
     failed: int
-    gave_up: int
+    gave_up: tuple[int, ...]  # the lane of each key that reached max_attempts
     unparked: int
-    fence_held: bool
 
 
 class RelayStore:
@@ -133,26 +134,47 @@ class RelayStore:
     async def lock_and_read(
         self,
         conn: psycopg.AsyncConnection[Any],
-        lane: int,
+        lanes: Sequence[int],
         member: str,
         token: UUID,
         limit: int,
-    ) -> tuple[UUID | None, list[PendingRow]]:
-        """Take the lane lease (row-locked until the transaction ends) and read its head rows.
+    ) -> tuple[dict[int, UUID], list[PendingRow]]:
+        """Take the leases of ``lanes`` (row-locked until the transaction ends) and read at
+        most ``limit`` head rows of each lane taken, in one statement.
 
-        Both statements go in one round trip; the read only returns rows if the lock took.
-        Must run inside a transaction on ``conn``.
+        Returns each lane taken with its lease token, and the rows of those lanes in
+        (lane, id) order; a lane whose lease row is locked by another batch, or held by another
+        live member, is left out. Must run inside a transaction on ``conn``.
         """
-        params = {"lane": lane, "member": member, "token": token, "lease": self.lease}
+        params = {
+            "lanes": list(lanes),
+            "member": member,
+            "token": token,
+            "lease": self.lease,
+            "limit": limit,
+        }
+        # In a pipeline, so that the transaction's BEGIN travels with the statement.
         async with conn.pipeline():
-            locked = await conn.execute(self.queries["lock_lane"], params)
-            read = await conn.execute(
-                self.queries["read_batch"], {**params, "limit": limit}, binary=True
-            )
-        row = await locked.fetchone()
-        if row is None:
-            return None, []
-        return row[0], [_pending(values) for values in await read.fetchall()]
+            await conn.execute(self.queries["batch_settings"])
+            cursor = await conn.execute(self.queries["lock_and_read"], params, binary=True)
+        tokens: dict[int, UUID] = {}
+        rows: list[PendingRow] = []
+        for values in await cursor.fetchall():
+            lane, lane_token, message_id = values[0], values[1], values[2]
+            tokens[lane] = lane_token
+            if message_id is not None:
+                rows.append(_pending(lane, values[2:]))
+        return tokens, rows
+
+    async def end_unchanged(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """End a batch transaction that sent nothing: it commits, keeping the lease renewals of
+        the lanes it locked (they are this member's lanes; nothing else was written).
+
+        Not a rollback: psycopg forgets every prepared statement of a connection when a
+        transaction rolls back (and deallocates them on the server), so scans that find nothing
+        would make the busy lanes' statements be parsed and planned again.
+        """
+        await conn.commit()
 
     async def prepare_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Create the fence check ``record_outcomes`` calls (once per connection)."""
@@ -163,25 +185,28 @@ class RelayStore:
         self,
         conn: psycopg.AsyncConnection[Any],
         *,
-        lane: int,
         member: str,
-        token: UUID,
-        acked: Sequence[UUID],
-        failures: Sequence[Failure],
+        tokens: Mapping[int, UUID],
+        acked: Sequence[PendingRow],
+        failures: Sequence[tuple[PendingRow, Failure]],
     ) -> Outcomes:
         """Delete acknowledged rows, park failed keys and commit, in one round trip.
 
-        Fenced by the lease token: if the lease did not hold or a row was not there to delete,
-        the statement raises FencedWriteError and nothing commits (the caller rolls back).
+        Fenced by the lease token of every lane in ``tokens``: if a lease did not hold or a row
+        was not there to delete, the statement raises FencedWriteError and nothing commits (the
+        caller rolls back).
         """
+        lanes = sorted(tokens)
         params = {
-            "lane": lane,
+            "lanes": lanes,
+            "tokens": [tokens[lane] for lane in lanes],
             "member": member,
-            "token": token,
-            "acked": list(acked),
-            "failed": [failure.id for failure in failures],
-            "errors": [failure.error for failure in failures],
-            "permanent": [failure.permanent for failure in failures],
+            "acked_lanes": [row.lane for row in acked],
+            "acked": [row.id for row in acked],
+            "failed_lanes": [row.lane for row, _ in failures],
+            "failed": [failure.id for _, failure in failures],
+            "errors": [failure.error for _, failure in failures],
+            "permanent": [failure.permanent for _, failure in failures],
             "max_attempts": self.store.max_attempts,
             "backoff": self.store.retry_backoff,
             "backoff_max": self.store.retry_backoff_max,
@@ -198,13 +223,13 @@ class RelayStore:
         row = await cursor.fetchone()
         assert row is not None
         deleted, failed, gave_up, unparked, _ = row
-        return Outcomes(int(deleted), int(failed), int(gave_up), int(unparked), True)
+        return Outcomes(int(deleted), int(failed), tuple(gave_up), int(unparked))
 
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
-def _pending(values: Sequence[Any]) -> PendingRow:
+def _pending(lane: int, values: Sequence[Any]) -> PendingRow:
     message_id, key, transport, destination, body, headers, future = values
     message = OutgoingMessage(
         message_id,
@@ -213,4 +238,4 @@ def _pending(values: Sequence[Any]) -> PendingRow:
         key,
         _NO_HEADERS if headers == "{}" else json.loads(headers),
     )
-    return PendingRow(message, transport, future)
+    return PendingRow(lane, message, transport, future)

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import functools
 import sys
-from collections.abc import Awaitable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Coroutine, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from relayer.redact import redact
@@ -82,11 +82,12 @@ class RelayTracer:
         self.propagator = TraceContextTextMapPropagator()
 
     @contextlib.contextmanager
-    def batch(self, store: str, lane: int) -> Iterator[BatchSpan]:
-        """The span of one lane batch, current while the batch runs (send spans link to it)."""
+    def batch(self, store: str, lanes: Sequence[int]) -> Iterator[BatchSpan]:
+        """The span of one batch (one transaction over one or more lanes), current while the
+        batch runs (send spans link to it)."""
         with self.tracer.start_as_current_span(
             "relayer batch",
-            attributes={"relayer.store": store, "relayer.lane": lane},
+            attributes={"relayer.store": store, "relayer.lanes": list(lanes)},
             record_exception=True,
         ) as span:
             yield BatchSpan(span)
@@ -132,18 +133,25 @@ class BatchSpan:
     def __init__(self, span: Span) -> None:
         self.span = span
 
-    def finish(self, result: ScanResult) -> None:
+    def finish(self, results: Sequence[ScanResult]) -> None:
+        """Record how the batch ended: its lanes' results (the most telling one: trouble
+        first, then progress), and the rows sent and failed over all its lanes."""
         from opentelemetry.trace import Status, StatusCode
 
+        worst = min(results, key=lambda result: _TELLING.index(result.scan.value))
         self.span.set_attributes(
             {
-                "relayer.result": result.scan.value,
-                "relayer.sent": result.sent,
-                "relayer.failed": result.failed,
+                "relayer.result": worst.scan.value,
+                "relayer.sent": sum(result.sent for result in results),
+                "relayer.failed": sum(result.failed for result in results),
             }
         )
-        if result.scan.value in ("failed", "unavailable"):
-            self.span.set_status(Status(StatusCode.ERROR, redact(result.detail)))
+        if worst.scan.value in ("failed", "unavailable"):
+            self.span.set_status(Status(StatusCode.ERROR, redact(worst.detail)))
+
+
+# Scan results, the most telling first (a batch span reports the first one among its lanes).
+_TELLING = ("failed", "unavailable", "sent", "busy", "future", "empty")
 
 
 class TracedTransport:

@@ -32,9 +32,44 @@ def parse_queries(text: str) -> dict[str, str]:
     return queries
 
 
+_FRAGMENT = re.compile(r"\{(_[a-z0-9_]+)\}")
+
+
 @cache
 def raw_queries() -> dict[str, str]:
-    """Every named query of every ``*.sql`` file in this package (names are unique overall)."""
+    """Every named query of every ``*.sql`` file in this package (names are unique overall).
+
+    A name starting with ``_`` is a fragment, not a query: its text (without its leading
+    comment lines) replaces ``{_name}`` in the queries that use it, before identifiers are
+    composed, so that the same logic is written once.
+    """
+    queries = _named_texts()
+    fragments = {
+        name: "\n".join(line for line in _without_leading_comments(text.splitlines()))
+        for name, text in queries.items()
+        if name.startswith("_")
+    }
+
+    def paste(match: re.Match[str]) -> str:
+        if match[1] not in fragments:
+            raise ValueError(f"unknown SQL fragment {match[1]!r}")
+        return fragments[match[1]]
+
+    return {
+        name: _FRAGMENT.sub(paste, text)
+        for name, text in queries.items()
+        if not name.startswith("_")
+    }
+
+
+def _without_leading_comments(lines: list[str]) -> list[str]:
+    start = 0
+    while start < len(lines) and lines[start].lstrip().startswith("--"):
+        start += 1
+    return lines[start:]
+
+
+def _named_texts() -> dict[str, str]:
     queries: dict[str, str] = {}
     files = sorted(
         (entry for entry in resources.files(__package__).iterdir() if entry.name.endswith(".sql")),

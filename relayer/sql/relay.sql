@@ -49,6 +49,19 @@ WHERE name IN (
     FOR UPDATE SKIP LOCKED
 )
 
+-- name: _sendable_rows
+-- A fragment (names starting with _ are pasted into the queries that name them): the rows of
+-- lane l.lane in id order, skipping keys parked and not yet due for a retry. The waiting keys
+-- are a hashed set built once per lane (ordering_key is never NULL in a lane, so NOT IN is
+-- exact).
+FROM {outbox} AS o
+    WHERE o.lane = l.lane
+      AND o.ordering_key NOT IN (
+          SELECT p.ordering_key FROM {parked} AS p
+          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > now())
+      )
+    ORDER BY o.id
+
 -- name: probe
 -- Read-only: for each lane, its first non-parked head and the lane lease's holder.
 SELECT l.lane,
@@ -64,13 +77,7 @@ SELECT l.lane,
 FROM unnest(%(lanes)s::int4[]) AS l(lane)
 LEFT JOIN LATERAL (
     SELECT o.id, o.deliver_at
-    FROM {outbox} AS o
-    WHERE o.lane = l.lane
-      AND o.ordering_key NOT IN (
-          SELECT p.ordering_key FROM {parked} AS p
-          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > now())
-      )
-    ORDER BY o.id
+    {_sendable_rows}
     LIMIT 1
 ) AS h ON true
 LEFT JOIN {leases} AS s ON s.lane = l.lane
@@ -101,76 +108,84 @@ SELECT l.lane,
 FROM busy AS l
 JOIN LATERAL (
     SELECT o.id, o.deliver_at
-    FROM {outbox} AS o
-    WHERE o.lane = l.lane
-      AND o.ordering_key NOT IN (
-          SELECT p.ordering_key FROM {parked} AS p
-          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > now())
-      )
-    ORDER BY o.id
+    {_sendable_rows}
     LIMIT 1
 ) AS h ON true
 LEFT JOIN {leases} AS s ON s.lane = l.lane
 WHERE l.lane = ANY(%(lanes)s::int4[])
 
--- name: lock_lane
--- Take or renew the lane lease and lock its row for the whole batch. Never waits: a row locked
--- by another transaction (a batch still in flight, even past its expiry) is skipped.
-UPDATE {leases}
-SET owner = %(member)s,
-    token = CASE WHEN owner = %(member)s AND expires_at > now() THEN token ELSE %(token)s END,
-    acquired_at = CASE WHEN owner = %(member)s AND expires_at > now() THEN acquired_at ELSE now() END,
-    expires_at = now() + %(lease)s,
-    renewed_at = now()
-WHERE name = (
-    SELECT name FROM {leases}
-    WHERE lane = %(lane)s AND (owner = %(member)s OR expires_at < now())
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING token
+-- name: batch_settings
+-- For the batch transaction only. A lane's rows are inserted and deleted all day: an ordered
+-- index scan marks the index entries of deleted rows dead as it passes them (later scans skip
+-- them), a bitmap scan does not, so each read would walk every row the lane lost since the
+-- last vacuum. Measured on a busy lane: about a fifth less database CPU per batch without them.
+SET LOCAL enable_bitmapscan = off
 
--- name: read_batch
--- Head first, under the lock, skipping parked keys that are not due for a retry.
-SELECT o.id, o.ordering_key, o.transport, o.destination, o.body, o.headers::text,
-       coalesce(o.deliver_at > now(), false) AS future
-FROM {outbox} AS o
-WHERE o.lane = %(lane)s
-  AND EXISTS (
-      SELECT 1 FROM {leases} AS s
-      WHERE s.lane = %(lane)s AND s.owner = %(member)s AND s.expires_at > now()
-  )
-  -- A hashed set of the lane's waiting keys, built once per statement (ordering_key is never
-  -- NULL in a lane, so NOT IN is exact).
-  AND o.ordering_key NOT IN (
-      SELECT p.ordering_key FROM {parked} AS p
-      WHERE p.lane = %(lane)s AND (p.retry_at IS NULL OR p.retry_at > now())
-  )
-ORDER BY o.id
-LIMIT %(limit)s
+-- name: lock_and_read
+-- Take or renew the leases of a group of lanes, lock their rows for the whole batch, and read
+-- each taken lane's head rows, in one statement. Never waits: a lease row locked by another
+-- transaction (a batch still in flight, even past its expiry) is skipped, and so is a lane
+-- another live member holds. Returns a row per head row, at most %(limit)s per lane, head
+-- first in (lane, id) order, skipping parked keys that are not due for a retry; a lane taken
+-- with nothing to read comes back once with a NULL id. Every row carries its lane's token.
+WITH locked AS (
+    UPDATE {leases}
+    SET owner = %(member)s,
+        token = CASE WHEN owner = %(member)s AND expires_at > now() THEN token ELSE %(token)s END,
+        acquired_at = CASE WHEN owner = %(member)s AND expires_at > now()
+                           THEN acquired_at ELSE now() END,
+        expires_at = now() + %(lease)s,
+        renewed_at = now()
+    WHERE name IN (
+        SELECT name FROM {leases}
+        WHERE lane = ANY(%(lanes)s::int4[]) AND (owner = %(member)s OR expires_at < now())
+        ORDER BY lane
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING lane, token
+)
+SELECT l.lane, l.token, o.id, o.ordering_key, o.transport, o.destination, o.body,
+       o.headers::text, coalesce(o.deliver_at > now(), false) AS future
+FROM locked AS l
+LEFT JOIN LATERAL (
+    SELECT o.*
+    {_sendable_rows}
+    LIMIT %(limit)s
+) AS o ON true
+ORDER BY l.lane, o.id
 
 -- name: record_outcomes
--- One fenced statement: delete acknowledged rows, count a failure on each failed head row and
--- park its key with a retry time (NULL after max_attempts or a permanent error), and unpark keys
--- whose parked head was just acknowledged. Returns how many rows each part touched.
+-- One fenced statement for a batch of one or more lanes: delete acknowledged rows, count a
+-- failure on each failed head row and park its key with a retry time (NULL after max_attempts
+-- or a permanent error), and unpark keys whose parked head was just acknowledged. Every lane's
+-- lease token must still hold. Returns how many rows each part touched, and the lane of each
+-- key that reached max_attempts.
 WITH fence AS (
-    SELECT 1 FROM {leases}
-    WHERE lane = %(lane)s AND owner = %(member)s AND token = %(token)s
+    SELECT s.lane FROM {leases} AS s
+    JOIN unnest(%(lanes)s::int4[], %(tokens)s::uuid[]) AS t(lane, token)
+        ON s.lane = t.lane AND s.token = t.token
+    WHERE s.owner = %(member)s
+), acked AS (
+    SELECT * FROM unnest(%(acked_lanes)s::int4[], %(acked)b::uuid[]) AS a(lane, id)
+    WHERE a.lane IN (SELECT lane FROM fence)
 ), deleted AS (
-    DELETE FROM {outbox}
-    WHERE id = ANY(%(acked)b::uuid[]) AND lane = %(lane)s AND EXISTS (SELECT 1 FROM fence)
-    RETURNING id
+    DELETE FROM {outbox} AS o
+    USING acked
+    WHERE o.lane = acked.lane AND o.id = acked.id
+    RETURNING o.id
 ), failure AS (
-    SELECT * FROM unnest(%(failed)s::uuid[], %(errors)s::text[], %(permanent)s::bool[])
-        AS f(id, error, permanent)
+    SELECT * FROM unnest(%(failed_lanes)s::int4[], %(failed)s::uuid[], %(errors)s::text[],
+                         %(permanent)s::bool[]) AS f(lane, id, error, permanent)
+    WHERE f.lane IN (SELECT lane FROM fence)
 ), counted AS (
     UPDATE {outbox} AS o
     SET attempts = o.attempts + 1, last_error = failure.error
     FROM failure
-    WHERE o.id = failure.id AND o.lane = %(lane)s AND EXISTS (SELECT 1 FROM fence)
-    RETURNING o.id, o.ordering_key, o.attempts, failure.error, failure.permanent
+    WHERE o.lane = failure.lane AND o.id = failure.id
+    RETURNING o.id, o.lane, o.ordering_key, o.attempts, failure.error, failure.permanent
 ), parked AS (
     INSERT INTO {parked} AS p (ordering_key, lane, head_id, attempts, last_error, retry_at)
-    SELECT ordering_key, %(lane)s, id, attempts, error,
+    SELECT ordering_key, lane, id, attempts, error,
            CASE WHEN permanent OR attempts >= %(max_attempts)s THEN NULL
                 -- The exponent is capped: 2^20 backoffs exceed any backoff_max (at most 7 days),
                 -- and an unbounded power would overflow the interval after a few dozen attempts.
@@ -180,34 +195,36 @@ WITH fence AS (
     ON CONFLICT (ordering_key) DO UPDATE
         SET head_id = EXCLUDED.head_id, attempts = EXCLUDED.attempts,
             last_error = EXCLUDED.last_error, retry_at = EXCLUDED.retry_at, updated_at = now()
-    RETURNING retry_at IS NULL AS gave_up
+    RETURNING lane, retry_at IS NULL AS gave_up
 ), unparked AS (
     -- A key whose retried head went through is free again, unless a later row of it failed
     -- in this same batch (then "parked" above re-parks it).
     DELETE FROM {parked}
-    WHERE lane = %(lane)s AND head_id = ANY(%(acked)b::uuid[]) AND EXISTS (SELECT 1 FROM fence)
+    WHERE lane IN (SELECT lane FROM fence) AND head_id IN (SELECT id FROM acked)
       AND ordering_key NOT IN (SELECT ordering_key FROM counted)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM deleted),
        (SELECT count(*) FROM counted),
-       (SELECT count(*) FROM parked WHERE gave_up),
+       (SELECT coalesce(array_agg(lane), ARRAY[]::int4[]) FROM parked WHERE gave_up),
        (SELECT count(*) FROM unparked),
        -- Raises (and so aborts the transaction, whose COMMIT was sent with this statement)
-       -- unless the lease still held and every acknowledged row was deleted.
+       -- unless every lane's lease still held and every acknowledged row was deleted.
        pg_temp.relayer_fence_check(
-           EXISTS (SELECT 1 FROM fence), (SELECT count(*) FROM deleted), %(expected)s, %(lane)s
+           (SELECT count(*) FROM fence) = cardinality(%(lanes)s::int4[]),
+           (SELECT count(*) FROM deleted), %(expected)s, %(lanes)s::int4[]
        )
 
 -- name: fence_check_function
 -- Created once per batch connection, in its own transaction (pg_temp: the connection's own).
 CREATE OR REPLACE FUNCTION pg_temp.relayer_fence_check(
-    held boolean, deleted bigint, expected integer, lane integer
+    held boolean, deleted bigint, expected integer, lanes integer[]
 ) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     IF NOT held OR deleted <> expected THEN
         RAISE EXCEPTION 'relayer: lane %: the fenced delete matched % of % rows (lease held: %); '
-            'rolled back, the rows will be sent again', lane, deleted, expected,
+            'rolled back, the rows will be sent again', array_to_string(lanes, ', '), deleted,
+            expected,
             CASE WHEN held THEN 'yes' ELSE 'no' END
             USING ERRCODE = 'RL001';
     END IF;

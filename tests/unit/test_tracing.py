@@ -80,7 +80,7 @@ async def test_send_spans_only_for_sampled_messages_with_their_outcome(
         OutgoingMessage(uuid.uuid4(), "events", b"c", "k3", {"traceparent": UNSAMPLED}),
         OutgoingMessage(uuid.uuid4(), "events", b"d", "k4"),
     ]
-    with tracer.batch("orders", 3):
+    with tracer.batch("orders", [3]):
         outcomes = []
         for message in messages:
             acknowledgement = await transport.publish(message)

@@ -119,8 +119,10 @@ def test_relayer_run_metrics_show_the_lag_per_lane_falling_to_zero(
     assert process.returncode == 0, stderr
     assert after.value("relayer_write_to_ack_seconds_count", store="orders") == ROWS
     assert after.value("relayer_write_to_ack_seconds_bucket", store="orders", le="+Inf") == ROWS
-    assert after.value("relayer_batch_duration_seconds_count", store="orders") >= LANES
-    assert after.value("relayer_lane_scans_total", store="orders", result="sent") >= LANES
+    # Lanes due together share a batch transaction: fewer batches than lane scans that sent.
+    sent_scans = after.value("relayer_lane_scans_total", store="orders", result="sent")
+    assert sent_scans >= LANES
+    assert 1 <= after.value("relayer_batch_duration_seconds_count", store="orders") <= sent_scans
     assert after.value("relayer_messages_failed_total", store="orders") == 0
     assert after.value("relayer_owned_lanes", store="orders") == LANES
     assert after.value("relayer_live_members", store="orders") == 1

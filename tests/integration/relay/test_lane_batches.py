@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -57,12 +58,16 @@ async def connection(store: StoreSettings) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(store.require_dsn())
 
 
-async def send(relay: LaneRelay, lane: int) -> Any:
+async def send_group(relay: LaneRelay, lanes: list[int]) -> Any:
     conn = await connection(relay.store)
     try:
-        return await relay.send_lane(conn, lane)
+        return await relay.send_lanes(conn, lanes)
     finally:
         await conn.close()
+
+
+async def send(relay: LaneRelay, lane: int) -> Any:
+    return (await send_group(relay, [lane]))[0]
 
 
 async def test_batch_sends_head_first_per_key_and_deletes(
@@ -244,10 +249,10 @@ async def test_a_lane_locked_by_another_batch_is_skipped_without_waiting(
     write(relay_store, keys_in_lane(relay_store, 1, 1))
     other = LaneRelay(relay_store, {"memory": memory}, "member-b")
     holder = await connection(relay_store)
-    token, rows = await other.db.lock_and_read(
-        holder, 1, "member-b", __import__("uuid").uuid4(), 10
+    tokens, rows = await other.db.lock_and_read(
+        holder, [1], "member-b", __import__("uuid").uuid4(), 10
     )
-    assert token is not None and rows
+    assert 1 in tokens and rows
     relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
     result = await asyncio.wait_for(send(relay, 1), 2)
     assert result.scan is Scan.BUSY
@@ -264,19 +269,19 @@ async def test_stale_owner_fenced_delete_removes_nothing(
 
     async with await connection(relay_store) as conn:
         await db.prepare_connection(conn)
-        token, _ = await db.lock_and_read(conn, 0, MEMBER, uuid.uuid4(), 10)
-        assert token is not None
+        tokens, rows = await db.lock_and_read(conn, [0], MEMBER, uuid.uuid4(), 10)
+        assert 0 in tokens and [row.id for row in rows] == ids
         await conn.commit()
         with pytest.raises(FencedWriteError, match=r"matched 0 of 2 rows \(lease held: no\)"):
             await db.record_outcomes(
-                conn, lane=0, member=MEMBER, token=uuid.uuid4(), acked=ids, failures=[]
+                conn, member=MEMBER, tokens={0: uuid.uuid4()}, acked=rows, failures=[]
             )
         await conn.rollback()
         # The current owner's fenced delete goes through.
-        token, _ = await db.lock_and_read(conn, 0, MEMBER, uuid.uuid4(), 10)
-        assert token is not None
+        tokens, _ = await db.lock_and_read(conn, [0], MEMBER, uuid.uuid4(), 10)
+        assert 0 in tokens
         done = await db.record_outcomes(
-            conn, lane=0, member=MEMBER, token=token, acked=ids[:1], failures=[]
+            conn, member=MEMBER, tokens=tokens, acked=rows[:1], failures=[]
         )
     assert done.deleted == 1
     assert pending(relay_store) == 1
@@ -349,3 +354,160 @@ async def test_backoff_stays_bounded_after_many_attempts(
     assert result.scan is Scan.SENT and result.failed == 1  # recorded, not rolled back
     attempts, _, waits_for_operator = parked(store)[key]
     assert attempts == 1000 and not waits_for_operator
+
+
+async def test_one_batch_sends_several_lanes_in_one_transaction(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    keys = {lane: keys_in_lane(relay_store, lane, 3, prefix=f"g{lane}") for lane in range(3)}
+    for lane_keys in keys.values():
+        write(relay_store, lane_keys, per_key=4)
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    results = await send_group(relay, [0, 1, 2, 3])
+    assert [(r.lane, r.scan, r.sent) for r in results] == [
+        (0, Scan.SENT, 12),
+        (1, Scan.SENT, 12),
+        (2, Scan.SENT, 12),
+        (3, Scan.EMPTY, 0),
+    ]
+    # Read to the end and settled: each lane waits for a notification or the poll.
+    assert all(r.next_in == relay.poll for r in results)
+    received = memory.received("events")
+    assert first_deliveries_in_order(received)
+    assert bodies_by_key(received) == {
+        key: [0, 1, 2, 3] for lane_keys in keys.values() for key in lane_keys
+    }
+    assert pending(relay_store) == 0
+    with psycopg.connect(relay_store.require_dsn()) as conn:
+        acquired = conn.execute(
+            "SELECT count(DISTINCT token) FROM orders_leases WHERE lane IN (0, 1, 2, 3)"
+        ).fetchone()
+    assert acquired == (1,)  # one transaction took the three lanes it sent (lane 3 rolled in)
+
+
+async def test_a_group_skips_a_lane_locked_elsewhere_and_sends_the_others(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    for lane in range(3):
+        write(relay_store, keys_in_lane(relay_store, lane, 2, prefix=f"s{lane}"))
+    other = LaneRelay(relay_store, {"memory": memory}, "member-b")
+    holder = await connection(relay_store)
+    tokens, _ = await other.db.lock_and_read(holder, [1], "member-b", uuid.uuid4(), 10)
+    assert list(tokens) == [1]
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    results = await asyncio.wait_for(send_group(relay, [0, 1, 2]), 2)
+    assert [(r.lane, r.scan, r.sent) for r in results] == [
+        (0, Scan.SENT, 2),
+        (1, Scan.BUSY, 0),
+        (2, Scan.SENT, 2),
+    ]
+    await holder.rollback()
+    await holder.close()
+    assert pending(relay_store) == 2
+
+
+async def test_a_poison_key_in_a_group_parks_only_itself(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    bad, good = keys_in_lane(relay_store, 1, 2, prefix="p")
+    other = keys_in_lane(relay_store, 2, 2, prefix="q")
+    write(relay_store, [bad, good, *other], per_key=3)
+    memory.fail_key(bad, message="broker said no")
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    results = await send_group(relay, [1, 2])
+    assert [(r.lane, r.sent, r.failed) for r in results] == [(1, 3, 1), (2, 6, 0)]
+    # Settled: the parked key's later rows wait for its retry, not for another scan.
+    assert results[0].next_in == relay.poll
+    assert parked(relay_store) == {bad: (1, "broker said no", False)}
+    assert pending(relay_store) == 3
+
+
+async def test_a_lost_lease_in_a_group_rolls_back_every_lane(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    write(relay_store, keys_in_lane(relay_store, 0, 2, prefix="f"))
+    write(relay_store, keys_in_lane(relay_store, 3, 2, prefix="h"))
+    db = RelayStore(relay_store)
+    async with await connection(relay_store) as conn:
+        await db.prepare_connection(conn)
+        tokens, rows = await db.lock_and_read(conn, [0, 3], MEMBER, uuid.uuid4(), 10)
+        assert sorted(tokens) == [0, 3] and len(rows) == 4
+        stale = {0: tokens[0], 3: uuid.uuid4()}
+        with pytest.raises(FencedWriteError, match=r"lane 0, 3: the fenced delete matched 2 of 4"):
+            await db.record_outcomes(conn, member=MEMBER, tokens=stale, acked=rows, failures=[])
+        await conn.rollback()
+    assert pending(relay_store) == 4  # the lane whose lease held lost nothing either
+
+
+@pytest.fixture
+async def down() -> AsyncIterator[MemoryTransport]:
+    """A second transport, ``down``, whose broker cannot be reached."""
+    transport = MemoryTransport("down")
+    await transport.start()
+    transport.disconnect("broker restarting")
+    yield transport
+    await transport.close()
+
+
+def with_down(store: StoreSettings) -> StoreSettings:
+    """``store`` with the ``down`` transport configured, for writing rows that name it."""
+    transports = {**store.transports, "down": {"type": "memory"}}
+    return store.model_copy(update={"transports": transports})
+
+
+async def test_a_lane_whose_broker_is_down_waits_while_its_group_goes_through(
+    relay_store: StoreSettings, memory: MemoryTransport, down: MemoryTransport
+) -> None:
+    write(with_down(relay_store), keys_in_lane(relay_store, 1, 2, prefix="d"), transport="down")
+    write(relay_store, keys_in_lane(relay_store, 2, 2, prefix="u"))
+    relay = LaneRelay(relay_store, {"memory": memory, "down": down}, MEMBER)
+    results = await send_group(relay, [1, 2])
+    assert [(r.lane, r.scan, r.sent) for r in results] == [
+        (1, Scan.UNAVAILABLE, 0),
+        (2, Scan.SENT, 2),
+    ]
+    assert results[0].next_in == relay.backoff and "broker restarting" in results[0].detail
+    assert parked(relay_store) == {}  # not the rows' fault: no attempt counted
+    assert pending(relay_store) == 2
+
+
+async def test_scans_that_find_nothing_keep_the_connection_prepared_statements(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    [key] = keys_in_lane(relay_store, 0, 1)
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    async with await connection(relay_store) as conn:
+        for _ in range(6):  # psycopg prepares a statement on its fifth use
+            write(relay_store, [key])
+            assert (await relay.send_lane(conn, 0)).sent == 1
+
+        async def prepared() -> int:
+            cursor = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            row = await cursor.fetchone()
+            await conn.commit()
+            assert row is not None
+            return int(row[0])
+
+        before = await prepared()
+        assert before >= 2
+        assert (await relay.send_lane(conn, 0)).scan is Scan.EMPTY
+        assert (await relay.send_lane(conn, 0)).scan is Scan.EMPTY
+        assert await prepared() == before
+
+
+async def test_within_a_lane_a_down_transport_stops_only_its_own_rows(
+    relay_store: StoreSettings, memory: MemoryTransport, down: MemoryTransport
+) -> None:
+    stuck, free = keys_in_lane(relay_store, 3, 2, prefix="m")
+    write(with_down(relay_store), [stuck], per_key=2, transport="down")
+    write(relay_store, [free], per_key=2)
+    relay = LaneRelay(relay_store, {"memory": memory, "down": down}, MEMBER)
+    result = await send(relay, 3)
+    assert (result.scan, result.sent, result.next_in) == (Scan.SENT, 2, 0.0)
+    assert "broker restarting" in result.detail
+    assert bodies_by_key(memory.received("events")) == {free: [0, 1]}
+    assert parked(relay_store) == {}
+    # Only the down transport's rows are left: the lane now waits for the broker.
+    again = await send(relay, 3)
+    assert (again.scan, again.next_in) == (Scan.UNAVAILABLE, relay.backoff)
+    assert pending(relay_store) == 2
