@@ -125,24 +125,34 @@ SET LOCAL enable_bitmapscan = off
 -- Take or renew the leases of a group of lanes, lock their rows for the whole batch, and read
 -- each taken lane's head rows, in one statement. Never waits: a lease row locked by another
 -- transaction (a batch still in flight, even past its expiry) is skipped, and so is a lane
--- another live member holds. Returns a row per head row, at most %(limit)s per lane, head
--- first in (lane, id) order, skipping parked keys that are not due for a retry; a lane taken
--- with nothing to read comes back once with a NULL id. Every row carries its lane's token.
-WITH locked AS (
-    UPDATE {leases}
+-- another live member holds. A lease of this member with more than half of it left is only
+-- locked, not rewritten (a batch never outlives half a lease); any other is taken or renewed
+-- for a whole lease, keeping its token while it is this member's and live. Returns a row per
+-- head row, at most %(limit)s per lane, head first in (lane, id) order, skipping parked keys
+-- that are not due for a retry; a lane taken with nothing to read comes back once with a NULL
+-- id. Every row carries its lane's token.
+WITH candidates AS (
+    SELECT name, lane, token, owner = %(member)s AND expires_at > now() + %(lease)s / 2 AS fresh
+    FROM {leases}
+    WHERE lane = ANY(%(lanes)s::int4[]) AND (owner = %(member)s OR expires_at < now())
+    ORDER BY lane
+    FOR UPDATE SKIP LOCKED
+), renewed AS (
+    UPDATE {leases} AS s
     SET owner = %(member)s,
-        token = CASE WHEN owner = %(member)s AND expires_at > now() THEN token ELSE %(token)s END,
-        acquired_at = CASE WHEN owner = %(member)s AND expires_at > now()
-                           THEN acquired_at ELSE now() END,
+        token = CASE WHEN s.owner = %(member)s AND s.expires_at > now() THEN s.token
+                     ELSE %(token)s END,
+        acquired_at = CASE WHEN s.owner = %(member)s AND s.expires_at > now()
+                           THEN s.acquired_at ELSE now() END,
         expires_at = now() + %(lease)s,
         renewed_at = now()
-    WHERE name IN (
-        SELECT name FROM {leases}
-        WHERE lane = ANY(%(lanes)s::int4[]) AND (owner = %(member)s OR expires_at < now())
-        ORDER BY lane
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING lane, token
+    FROM candidates AS c
+    WHERE s.name = c.name AND NOT c.fresh
+    RETURNING s.lane, s.token
+), locked AS (
+    SELECT lane, token FROM renewed
+    UNION ALL
+    SELECT lane, token FROM candidates WHERE fresh
 )
 SELECT l.lane, l.token, o.id, o.ordering_key, o.transport, o.destination, o.body,
        o.headers::text, coalesce(o.deliver_at > now(), false) AS future

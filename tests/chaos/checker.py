@@ -13,8 +13,9 @@ got, and the table of results printed at the end of the session (copied to docs/
 - I4: the outbox drained, apart from parked keys (reported).
 - I5: every committed delete of an outbox row was made by the transaction that held its
   lane's lease row: the audit trigger records whether the lease row's current version was
-  written by the deleting transaction (which then keeps it locked until it commits). A stale
-  owner's delete would be recorded with ``lease_mine = false``.
+  written by the deleting transaction, or is locked by it (a batch whose lease has more than
+  half left only locks the row); either way the row stays locked until the transaction ends.
+  A stale owner's delete would be recorded with ``lease_mine = false``.
 """
 
 from __future__ import annotations

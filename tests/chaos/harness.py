@@ -75,7 +75,8 @@ CREATE FUNCTION chaos_audit_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO chaos_deletes (id, lane, client_port, lease_owner, lease_mine, lease_live)
     SELECT OLD.id, OLD.lane, inet_client_port(), l.owner,
-           coalesce(l.xmin = pg_current_xact_id()::xid, false),
+           coalesce(l.xmin = pg_current_xact_id()::xid OR l.xmax = pg_current_xact_id()::xid,
+                    false),
            coalesce(l.expires_at > clock_timestamp(), false)
     FROM (SELECT 1) AS one
     LEFT JOIN {leases} AS l ON l.lane = OLD.lane;

@@ -169,12 +169,19 @@ async def test_two_workers_in_one_process_export_disjoint_lanes(
         async with asyncio.timeout(30):
             while len(broker.received("events")) < ROWS:
                 await asyncio.sleep(0.05)
-        totals = [
-            (await asyncio.to_thread(scrape, port)).value(
-                "relayer_messages_sent_total", store="orders"
-            )
-            for port in ports
-        ]
+        # A batch counts its rows once its outcomes committed, a moment after the broker got
+        # them (and the exporters refresh every 0.1 s): wait for the counts to catch up.
+        async with asyncio.timeout(10):
+            while True:
+                totals = [
+                    (await asyncio.to_thread(scrape, port)).value(
+                        "relayer_messages_sent_total", store="orders"
+                    )
+                    for port in ports
+                ]
+                if sum(totals) >= ROWS:
+                    break
+                await asyncio.sleep(0.1)
         assert sum(totals) == ROWS
         members = {view.by_label("relayer_worker_info", "member").popitem()[0] for view in views}
         assert members == {"worker-0", "worker-1"}
