@@ -2,8 +2,9 @@
 
     python bench/writer.py [--dsn DSN] [--transactions 3000] [--batches 100]
 
-Prints (1) a one-row business transaction with and without one outbox row, interleaved in
-rounds so both see the same machine state, and the outbox overhead in percent; (2) write_many
+Prints (1) a one-row business transaction alone, with an extra ``SELECT 1`` (the floor of any
+extra statement in the transaction) and with one outbox row, interleaved in rounds so all see
+the same machine state, and the overheads in percent; (2) write_many
 rows/s in 1,000-row batches (one transaction per batch).
 """
 
@@ -49,29 +50,33 @@ def setup(dsn: str, schema_name: str) -> StoreSettings:
 
 def business_transactions(
     dsn: str, store: StoreSettings, rounds: int, per_round: int
-) -> tuple[float, float]:
-    """Median seconds per transaction without and with the outbox row."""
+) -> dict[str, float]:
+    """Median seconds per transaction: the business insert alone, with one more statement that
+    does nothing (``SELECT 1``: the floor of any extra statement, one round trip), and with one
+    outbox row. The three kinds take turns round by round so that each sees the same machine."""
     outbox = Outbox(store)
     insert = sql.SQL("INSERT INTO {} (id, customer, amount) VALUES (%s, %s, %s)").format(
         sql.Identifier(store.db_schema, "orders")
     )
-    plain: list[float] = []
-    with_outbox: list[float] = []
+    kinds = ("plain", "select 1", "outbox")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
     next_id = 0
     with psycopg.connect(dsn) as conn:
         for round_number in range(rounds):
-            for use_outbox in (round_number % 2 == 0, round_number % 2 == 1):
+            for shift in range(len(kinds)):
+                kind = kinds[(round_number + shift) % len(kinds)]
                 started = time.perf_counter()
                 for _ in range(per_round):
                     next_id += 1
                     customer = f"customer-{next_id % 1000}"
                     conn.execute(insert, (next_id, customer, 100))
-                    if use_outbox:
+                    if kind == "outbox":
                         outbox.write(conn, destination="orders", body=BODY, key=customer)
+                    elif kind == "select 1":
+                        conn.execute("SELECT 1")
                     conn.commit()
-                elapsed = (time.perf_counter() - started) / per_round
-                (with_outbox if use_outbox else plain).append(elapsed)
-    return statistics.median(plain), statistics.median(with_outbox)
+                times[kind].append((time.perf_counter() - started) / per_round)
+    return {kind: statistics.median(values) for kind, values in times.items()}
 
 
 def copy_throughput(dsn: str, store: StoreSettings, batches: int, batch_size: int) -> float:
@@ -106,11 +111,16 @@ def main() -> None:
         print(f"machine: {machine()}; {server_version(dsn)}")
         rounds = 20
         per_round = max(1, arguments.transactions // rounds)
-        plain, with_row = business_transactions(dsn, store, rounds, per_round)
-        overhead = (with_row - plain) / plain * 100
+        median = business_transactions(dsn, store, rounds, per_round)
+        plain = median["plain"]
+
+        def overhead(kind: str) -> str:
+            return f"{median[kind] * 1e6:,.0f} us ({(median[kind] - plain) / plain * 100:+.1f}%)"
+
         print(
-            f"one-row business transaction: {plain * 1e6:,.0f} us without outbox, "
-            f"{with_row * 1e6:,.0f} us with one outbox row -> overhead {overhead:+.1f}%"
+            f"one-row business transaction: {plain * 1e6:,.0f} us alone; with an extra "
+            f"SELECT 1 {overhead('select 1')}; with one outbox row {overhead('outbox')} "
+            "<- the outbox overhead"
         )
         rate = copy_throughput(dsn, store, arguments.batches, 1000)
         print(f"write_many: {rate:,.0f} rows/s in 1,000-row batches (200-byte bodies)")
