@@ -1,6 +1,7 @@
 """Commit-to-acknowledgement latency at a steady write rate.
 
     python bench/latency.py [--rate 1000] [--seconds 20] [--transport memory|kafka]
+                            [--kafka-option linger.ms=1 ...]
 
 A writer process commits one outbox row per transaction at ``--rate`` rows/s (spread over a
 few connections) and records each row's commit time. One worker in this process relays them;
@@ -189,6 +190,9 @@ async def kafka_run(store: StoreSettings, arguments: argparse.Namespace) -> None
     with kafka_cluster(arguments.kafka_bootstrap) as bootstrap:
         arguments.destination = create_topic(bootstrap)
         options: dict[str, Any] = {"bootstrap.servers": bootstrap}
+        for option in arguments.kafka_option:
+            name, _, value = option.partition("=")
+            options[name] = value
         await measure(store, KafkaTransport("broker", options), arguments)
 
 
@@ -200,6 +204,13 @@ def main() -> None:
     parser.add_argument("--transport", choices=("memory", "kafka"), default="memory")
     parser.add_argument("--lanes", type=int, default=64)
     parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
+    parser.add_argument(
+        "--kafka-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a librdkafka setting for the transport (repeatable), e.g. linger.ms=1",
+    )
     asyncio.run(main_async(parser.parse_args()))
 
 
