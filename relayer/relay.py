@@ -28,7 +28,7 @@ import psycopg
 
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import FencedWriteError
-from relayer.sending import send_batch
+from relayer.sending import SendReport, State, send_batch
 from relayer.settings import StoreSettings
 from relayer.store import Failure, LaneHead, PendingRow, RelayStore
 from relayer.transports.base import Transport
@@ -346,49 +346,89 @@ class LaneRelay:
             clock=self.clock,
         )
         acked, failures = report.outcomes(sendable)
-        if report.unavailable is not None:
-            stall, why = Scan.UNAVAILABLE, report.unavailable
+        gave_up: Sequence[int] = ()
+        if acked or failures:
+            # Raises FencedWriteError (nothing committed) unless every lease held for every
+            # delete.
+            outcomes = await self.db.record_outcomes(
+                conn, member=self.member, tokens=tokens, acked=acked, failures=failures
+            )
+            gave_up = outcomes.gave_up
+            self._log_failures(failures, gave_up)
         else:
-            stall, why = Scan.FAILED, "no acknowledgement in time"
-        if not acked and not failures:
             await self.db.end_unchanged(conn)
-            for lane in _per_lane(sendable):
-                results[lane] = ScanResult(lane, stall, self.backoff, detail=why)
-            return results
-        # Raises FencedWriteError (nothing committed) unless every lease held for every delete.
-        outcomes = await self.db.record_outcomes(
-            conn, member=self.member, tokens=tokens, acked=acked, failures=failures
-        )
-        self._log_failures(failures, outcomes.gave_up)
         acked_by_lane = _per_lane(acked)
         failed_by_lane = _per_lane([row for row, _ in failures])
-        for lane, lane_rows in _per_lane(sendable).items():
-            lane_acked = acked_by_lane.get(lane, [])
-            lane_failed = failed_by_lane.get(lane, [])
-            if not lane_acked and not lane_failed:
-                # Nothing of this lane settled (its broker is down, or no acknowledgement came
-                # in time) while other lanes of the batch went through: it waits, as if alone.
-                results[lane] = ScanResult(lane, stall, self.backoff, detail=why)
-                continue
-            # Scan again at once while rows may be left; a batch that read the lane to its end
-            # and settled every row has left nothing: new rows come with a writer's NOTIFY (or
-            # the poll).
-            failed_keys = {row.key for row in lane_failed}
-            settled = len(lane_acked) + sum(1 for row in lane_rows if row.key in failed_keys)
-            count = len(read[lane])
-            drained = count < self.store.batch_size and count == len(lane_rows) and settled == count
-            results[lane] = ScanResult(
+        positions: dict[int, list[int]] = {}
+        for index, row in enumerate(sendable):
+            positions.setdefault(row.lane, []).append(index)
+        for lane, indexes in positions.items():
+            results[lane] = self._lane_result(
                 lane,
-                Scan.SENT,
-                self.poll if drained and not report.cut_short else 0.0,
-                sent=len(lane_acked),
-                failed=len(lane_failed),
-                gave_up=outcomes.gave_up.count(lane),
-                acked=tuple(row.id for row in lane_acked),
-                cut_short=report.cut_short,
-                detail=report.unavailable or "",
+                indexes,
+                sendable=sendable,
+                report=report,
+                acked=acked_by_lane.get(lane, []),
+                failed=failed_by_lane.get(lane, []),
+                read_count=len(read[lane]),
+                gave_up=gave_up.count(lane),
             )
         return results
+
+    def _lane_result(
+        self,
+        lane: int,
+        indexes: Sequence[int],
+        *,
+        sendable: Sequence[PendingRow],
+        report: SendReport,
+        acked: Sequence[PendingRow],
+        failed: Sequence[PendingRow],
+        read_count: int,
+        gave_up: int,
+    ) -> ScanResult:
+        """How one lane of a batch ended, from its own rows only (the other lanes of the batch
+        may have been luckier or less lucky)."""
+        down = next((report.down[index] for index in indexes if index in report.down), "")
+        failed_keys = {row.key for row in failed}
+        # Rows the batch never got to: admission ended (or a publish blocked) before them.
+        not_admitted = any(
+            report.states[index] is State.UNSENT
+            and index not in report.down
+            and sendable[index].key not in failed_keys
+            for index in indexes
+        )
+        if not acked and not failed:
+            if down:
+                # Its broker cannot be reached: not the rows' fault, wait as if alone.
+                return ScanResult(lane, Scan.UNAVAILABLE, self.backoff, detail=down)
+            if any(report.states[index] is State.IN_FLIGHT for index in indexes):
+                return ScanResult(
+                    lane, Scan.FAILED, self.backoff, detail="no acknowledgement in time"
+                )
+            # Nothing of it was published: other lanes of the batch used up the admission
+            # window. Its turn comes at once.
+            return ScanResult(lane, Scan.SENT, 0.0, cut_short=True)
+        # Scan again at once while rows may be left; a batch that read the lane to its end and
+        # settled every row has left nothing: new rows come with a writer's NOTIFY (or the
+        # poll).
+        settled = len(acked) + sum(1 for index in indexes if sendable[index].key in failed_keys)
+        drained = (
+            read_count < self.store.batch_size
+            and read_count == len(indexes)
+            and settled == read_count
+        )
+        return ScanResult(
+            lane,
+            Scan.SENT,
+            self.poll if drained and not not_admitted else 0.0,
+            sent=len(acked),
+            failed=len(failed),
+            gave_up=gave_up,
+            acked=tuple(row.id for row in acked),
+            cut_short=not_admitted,
+            detail=down,
+        )
 
     def _log_failures(
         self, failures: Sequence[tuple[PendingRow, Failure]], gave_up: Sequence[int]

@@ -45,7 +45,9 @@ class SendReport:
     failures: dict[int, Failure] = field(default_factory=dict)
     published: int = 0
     cut_short: bool = False
-    unavailable: str | None = None
+    unavailable: str | None = None  # the first transport error of the batch
+    # Rows left unsent because their transport could not be reached: row index -> the error.
+    down: dict[int, str] = field(default_factory=dict)
 
     def outcomes(
         self, rows: Sequence[PendingRow]
@@ -91,8 +93,9 @@ class BatchSender:
         self._next_of_key: list[int | None] = [None] * len(rows)
         self._ready: list[int] = []
         self._stopped_keys: set[str] = set()
-        # Transports found unreachable in this batch: their rows wait for the next one.
-        self._down: set[str] = set()
+        # Transports found unreachable in this batch (-> their error): their rows wait for the
+        # next batch.
+        self._down: dict[str, str] = {}
         self._waiting_for_ack: dict[int, int] = {}  # published row -> next row of its key
         self._previous_of_key: dict[
             int, asyncio.Future[None]
@@ -246,9 +249,11 @@ class BatchSender:
         transports go on."""
         self.report.states[index] = State.UNSENT
         self._stopped_keys.add(self.rows[index].key)
-        self._down.add(transport)
-        if error is not None and self.report.unavailable is None:
-            self.report.unavailable = str(error)
+        if error is not None:
+            self._down.setdefault(transport, str(error))
+            if self.report.unavailable is None:
+                self.report.unavailable = str(error)
+        self.report.down[index] = self._down.get(transport, f"transport {transport!r} is down")
 
 
 def _known_failed(future: asyncio.Future[None] | None) -> bool:

@@ -140,7 +140,7 @@ class RelayStore:
         limit: int,
     ) -> tuple[dict[int, UUID], list[PendingRow]]:
         """Take the leases of ``lanes`` (row-locked until the transaction ends) and read at
-        most ``limit`` head rows of each lane taken, in one statement.
+        most ``limit`` head rows of each lane taken.
 
         Returns each lane taken with its lease token, and the rows of those lanes in
         (lane, id) order; a lane whose lease row is locked by another batch, or held by another
@@ -153,18 +153,21 @@ class RelayStore:
             "lease": self.lease,
             "limit": limit,
         }
-        # In a pipeline, so that the transaction's BEGIN travels with the statement.
+        # One round trip (the transaction's BEGIN travels with them), but two statements: the
+        # read takes its snapshot after the locks were granted, so it sees what a previous
+        # holder of a lane committed just before.
         async with conn.pipeline():
             await conn.execute(self.queries["batch_settings"])
-            cursor = await conn.execute(self.queries["lock_and_read"], params, binary=True)
-        tokens: dict[int, UUID] = {}
-        rows: list[PendingRow] = []
-        for values in await cursor.fetchall():
-            lane, lane_token, message_id = values[0], values[1], values[2]
-            tokens[lane] = lane_token
-            if message_id is not None:
-                rows.append(_pending(lane, values[2:]))
-        return tokens, rows
+            locked = await conn.execute(self.queries["lock_lanes"], params)
+            read = await conn.execute(self.queries["read_batch"], params, binary=True)
+        tokens = {int(lane): lane_token for lane, lane_token in await locked.fetchall()}
+        if not tokens:
+            return tokens, []
+        return tokens, [
+            _pending(values[0], values[1:])
+            for values in await read.fetchall()
+            if values[0] in tokens
+        ]
 
     async def end_unchanged(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """End a batch transaction that sent nothing: it commits, keeping the lease renewals of

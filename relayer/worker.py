@@ -300,13 +300,16 @@ class StoreRuntime:
         self.maintenance.start()
 
     async def close(self) -> None:
+        # After a graceful stop no batch is left (the worker group waited for its scans); after
+        # a cancellation, batches still in flight roll back first: leaving releases the lanes,
+        # and a batch would hold its lanes' lease rows locked until it ended.
+        await self._batches.close()
         await self.membership.leave()
         if self._waking is not None:
             self._waking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._waking
         await self.prober.close()
-        await self._batches.close()
         await self.pool.close()
 
 

@@ -75,3 +75,24 @@ async def test_close_cancels_what_is_still_being_served() -> None:
     await asyncio.wait_for(coalescer.close(), 1)
     with pytest.raises(RuntimeError, match="cancelled"):
         await waiter
+
+
+async def test_a_cancelled_caller_leaves_its_batch_and_the_other_waiters_alone() -> None:
+    release = asyncio.Event()
+    served: list[list[int]] = []
+
+    async def slow(lanes: list[int]) -> dict[int, str]:
+        served.append(lanes)
+        await release.wait()
+        return {lane: f"lane {lane}" for lane in lanes}
+
+    coalescer: Coalescer[str] = Coalescer(slow)
+    first = asyncio.ensure_future(coalescer.get(1))
+    second = asyncio.ensure_future(coalescer.get(2))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    first.cancel()
+    release.set()
+    assert await second == "lane 2"
+    assert first.cancelled()
+    assert served == [[1, 2]]

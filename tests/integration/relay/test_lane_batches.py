@@ -511,3 +511,92 @@ async def test_within_a_lane_a_down_transport_stops_only_its_own_rows(
     again = await send(relay, 3)
     assert (again.scan, again.next_in) == (Scan.UNAVAILABLE, relay.backoff)
     assert pending(relay_store) == 2
+
+
+async def test_a_lost_lease_fails_the_fence_even_when_its_lane_has_nothing_to_delete(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    write(relay_store, keys_in_lane(relay_store, 0, 2, prefix="n"))
+    db = RelayStore(relay_store)
+    async with await connection(relay_store) as conn:
+        await db.prepare_connection(conn)
+        tokens, rows = await db.lock_and_read(conn, [0, 3], MEMBER, uuid.uuid4(), 10)
+        assert sorted(tokens) == [0, 3] and {row.lane for row in rows} == {0}
+        stale = {0: tokens[0], 3: uuid.uuid4()}  # lane 3 acknowledged nothing
+        with pytest.raises(FencedWriteError, match=r"matched 2 of 2 rows \(lease held: no\)"):
+            await db.record_outcomes(conn, member=MEMBER, tokens=stale, acked=rows, failures=[])
+        await conn.rollback()
+    assert pending(relay_store) == 2
+
+
+async def test_a_lease_with_more_than_half_left_is_kept_and_an_older_one_renewed(
+    relay_store: StoreSettings,
+) -> None:
+    db = RelayStore(relay_store)
+    table = f"{relay_store.table_prefix}leases"
+
+    def lease() -> tuple[Any, ...]:
+        with psycopg.connect(relay_store.require_dsn()) as conn:
+            row = conn.execute(f"SELECT token, expires_at FROM {table} WHERE lane = 2").fetchone()
+        assert row is not None
+        return tuple(row)
+
+    def set_expiry(interval: str) -> None:
+        with psycopg.connect(relay_store.require_dsn(), autocommit=True) as conn:
+            conn.execute(
+                f"UPDATE {table} SET expires_at = now() + %s::interval WHERE lane = 2", (interval,)
+            )
+
+    async def lock() -> Any:
+        async with await connection(relay_store) as conn:
+            tokens, _ = await db.lock_and_read(conn, [2], MEMBER, uuid.uuid4(), 10)
+            await conn.commit()
+        return tokens[2]
+
+    taken = await lock()
+    assert lease()[0] == taken
+    expires = lease()[1]
+    assert await lock() == taken and lease()[1] == expires  # fresh: locked, not rewritten
+    set_expiry("1 second")  # less than half of the 4 s lease left: renewed, same token
+    assert await lock() == taken and lease()[1] > expires - timedelta(seconds=3)
+    set_expiry("-1 second")  # expired: taken again under a new token
+    assert await lock() != taken
+
+
+async def test_each_lane_of_a_group_gets_its_own_result(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    later = datetime.now(UTC) + timedelta(hours=1)
+    write(relay_store, keys_in_lane(relay_store, 0, 1, prefix="t"), deliver_at=later)
+    write(relay_store, keys_in_lane(relay_store, 1, 2, prefix="v"))
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    results = await send_group(relay, [0, 1, 2])
+    assert [(r.lane, r.scan, r.sent) for r in results] == [
+        (0, Scan.FUTURE, 0),
+        (1, Scan.SENT, 2),
+        (2, Scan.EMPTY, 0),
+    ]
+    assert pending(relay_store) == 1
+
+
+async def test_a_broker_lost_before_acknowledging_makes_only_its_lane_wait(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    flaky = MemoryTransport("down")
+    await flaky.start()
+    flaky.stall()  # publishes are taken, acknowledgements held back
+    write(with_down(relay_store), keys_in_lane(relay_store, 1, 2, prefix="a"), transport="down")
+    write(relay_store, keys_in_lane(relay_store, 2, 2, prefix="b"))
+    relay = LaneRelay(relay_store, {"memory": memory, "down": flaky}, MEMBER)
+    batch = asyncio.ensure_future(send_group(relay, [1, 2]))
+    await asyncio.sleep(0.2)
+    flaky.disconnect("connection lost")  # the held acknowledgements fail
+    results = await batch
+    assert [(r.lane, r.scan, r.sent) for r in results] == [
+        (1, Scan.UNAVAILABLE, 0),
+        (2, Scan.SENT, 2),
+    ]
+    assert "connection lost" in results[0].detail and results[1].detail == ""
+    assert parked(relay_store) == {}
+    assert pending(relay_store) == 2
+    await flaky.close()
