@@ -98,6 +98,24 @@ class Membership:
         self._set_lanes(lanes)
         self.joined.set()
 
+    async def release_outside(self) -> None:
+        """Give up, now, the held lanes outside the share. A heartbeat does it too, but skips
+        lanes a batch holds at that moment; the batch calls this when it ends, so that the new
+        owner does not wait for the next heartbeat. Failures are left to that heartbeat."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = await self._connect()
+            released = await self.db.release_lanes(self._conn, self.member, sorted(self.lanes))
+        except DATABASE_TROUBLE as exc:
+            logger.debug("releasing lanes of store %s failed: %s", self.store.name, exc)
+            return
+        if released:
+            logger.info(
+                "released %s lane(s) outside this member's share",
+                released,
+                extra={"action": "release", "store": self.store.name, "member": self.member},
+            )
+
     def _set_lanes(self, lanes: frozenset[int]) -> None:
         if lanes != self.lanes:
             self.lanes = lanes

@@ -140,6 +140,7 @@ class StoreRuntime:
         self.stats = StoreStats()
         self._waking: asyncio.Future[None] | None = None
         self._resize: asyncio.Future[None] | None = None
+        self._releasing: asyncio.Future[None] | None = None
         self._wake_again = False
         # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
         self._due_heads: dict[int, float] = {}
@@ -263,7 +264,15 @@ class StoreRuntime:
             started = time.perf_counter()
             results = await self.relay.send_lanes(conn, lanes)
             self.stats.batch_seconds.observe(time.perf_counter() - started)
+        if not self.membership.lanes.issuperset(lanes):
+            self._release_soon()
         return {result.lane: result for result in results}
+
+    def _release_soon(self) -> None:
+        """Some lanes of a batch that just ended left this member's share while it ran: give
+        them up now (the heartbeat skipped them while the batch held them)."""
+        if self._releasing is None or self._releasing.done():
+            self._releasing = asyncio.ensure_future(self.membership.release_outside())
 
     async def listen(self, stop: asyncio.Event) -> None:
         """Wake lanes on writers' notifications; reconnect after failures (polls cover gaps)."""
@@ -304,6 +313,9 @@ class StoreRuntime:
         # a cancellation, batches still in flight roll back first: leaving releases the lanes,
         # and a batch would hold its lanes' lease rows locked until it ended.
         await self._batches.close()
+        if self._releasing is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._releasing
         await self.membership.leave()
         if self._waking is not None:
             self._waking.cancel()

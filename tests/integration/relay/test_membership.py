@@ -74,3 +74,37 @@ async def test_lanes_outside_the_share_are_released_and_leave_releases_all(
     assert member_rows(store) == ["member-b"]
     assert first.lanes == frozenset()
     await second.leave()
+
+
+def held_by(store: StoreSettings, member: str) -> set[int]:
+    with psycopg.connect(store.require_dsn()) as conn:
+        rows = conn.execute(
+            "SELECT lane FROM orders_leases WHERE lane IS NOT NULL AND owner = %s "
+            "AND expires_at > now()",
+            (member,),
+        ).fetchall()
+    return {row[0] for row in rows}
+
+
+async def test_a_lane_held_by_a_batch_at_the_heartbeat_is_released_when_asked_after_it(
+    store: StoreSettings,
+) -> None:
+    first = Membership(store, "member-a", connector(store))
+    await first.beat()
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
+        conn.execute(
+            "UPDATE orders_leases SET owner = 'member-a', expires_at = now() + interval '1 minute' "
+            "WHERE lane IS NOT NULL"
+        )
+    second = Membership(store, "member-b", connector(store))
+    await second.beat()
+    leaving = sorted(second.lanes)[0]
+    with psycopg.connect(store.require_dsn()) as batch:  # a batch of a holds that lane's row
+        batch.execute("SELECT 1 FROM orders_leases WHERE lane = %s FOR UPDATE", (leaving,))
+        await first.beat()  # a learns its smaller share; the held lane is skipped
+        assert held_by(store, "member-a") == first.lanes | {leaving}
+    # The batch ended (the worker calls this after a batch that held lanes outside the share).
+    await first.release_outside()
+    assert held_by(store, "member-a") == first.lanes
+    await first.leave()
+    await second.leave()
