@@ -43,6 +43,10 @@ def share(rank: int, members: int, lanes: int) -> frozenset[int]:
     return frozenset(range(rank, lanes, members))
 
 
+# How often a member beats during its first lease/3 (see Membership.run).
+JOINING_BEAT = 1.0
+
+
 class Membership:
     """Heartbeats one member of one store and tracks the lanes it may send."""
 
@@ -128,9 +132,16 @@ class Membership:
         return self._clock() - self.last_beat >= self.store.lease_duration.total_seconds()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Heartbeat every lease/3 until ``stop`` is set; retry sooner after a failure."""
+        """Heartbeat every lease/3 until ``stop`` is set; retry sooner after a failure.
+
+        For the first lease/3 after joining, beat every second (at most): workers started
+        together each see only the members that beat before them, and would otherwise keep
+        that view, and the lanes it gives them, until their next heartbeat."""
+        settled_at = self._clock() + self.interval
         while not stop.is_set():
             delay = self.interval
+            if self._clock() < settled_at:
+                delay = min(self.interval, JOINING_BEAT)
             try:
                 await self.beat()
             except DATABASE_TROUBLE as exc:
