@@ -62,8 +62,8 @@ FROM {outbox} AS o
       )
     ORDER BY o.id
 
--- name: probe
--- Read-only: for each lane, its first non-parked head and the lane lease's holder.
+-- name: _head_columns
+-- A fragment: what a probe returns for lane l.lane, from its head h and its lease row s.
 SELECT l.lane,
        h.id,
        h.deliver_at,
@@ -74,6 +74,10 @@ SELECT l.lane,
        coalesce(s.expires_at > now(), false) AS lease_live,
        CASE WHEN s.expires_at > now() AND isfinite(s.expires_at)
             THEN extract(epoch FROM s.expires_at - now())::float8 ELSE 0 END AS lease_left
+
+-- name: probe
+-- Read-only: for each lane, its first non-parked head and the lane lease's holder.
+{_head_columns}
 FROM unnest(%(lanes)s::int4[]) AS l(lane)
 LEFT JOIN LATERAL (
     SELECT o.id, o.deliver_at
@@ -95,16 +99,7 @@ WITH RECURSIVE busy(lane) AS (
         SELECT o.lane FROM {outbox} AS o WHERE o.lane > busy.lane ORDER BY o.lane, o.id LIMIT 1
     ) AS next
 )
-SELECT l.lane,
-       h.id,
-       h.deliver_at,
-       coalesce(h.deliver_at > now(), false) AS future,
-       CASE WHEN h.deliver_at > now() AND isfinite(h.deliver_at)
-            THEN extract(epoch FROM h.deliver_at - now())::float8 ELSE 0 END AS due_in,
-       s.owner,
-       coalesce(s.expires_at > now(), false) AS lease_live,
-       CASE WHEN s.expires_at > now() AND isfinite(s.expires_at)
-            THEN extract(epoch FROM s.expires_at - now())::float8 ELSE 0 END AS lease_left
+{_head_columns}
 FROM busy AS l
 JOIN LATERAL (
     SELECT o.id, o.deliver_at

@@ -46,9 +46,8 @@ async def test_members_split_lanes_and_expired_members_are_removed(store: StoreS
     await second.leave()
 
 
-async def test_lanes_outside_the_share_are_released_and_leave_releases_all(
-    store: StoreSettings,
-) -> None:
+async def a_holding_every_lane_then_b_joins(store: StoreSettings) -> tuple[Membership, Membership]:
+    """member-a joins and holds every lane's lease; then member-b joins (a has not beaten yet)."""
     first = Membership(store, "member-a", connector(store))
     await first.beat()
     with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
@@ -58,6 +57,13 @@ async def test_lanes_outside_the_share_are_released_and_leave_releases_all(
         )
     second = Membership(store, "member-b", connector(store))
     await second.beat()
+    return first, second
+
+
+async def test_lanes_outside_the_share_are_released_and_leave_releases_all(
+    store: StoreSettings,
+) -> None:
+    first, second = await a_holding_every_lane_then_b_joins(store)
     await first.beat()  # now a's share is half: it releases the other half at once
     with psycopg.connect(store.require_dsn()) as conn:
         held = conn.execute(
@@ -89,15 +95,7 @@ def held_by(store: StoreSettings, member: str) -> set[int]:
 async def test_a_lane_held_by_a_batch_at_the_heartbeat_is_released_when_asked_after_it(
     store: StoreSettings,
 ) -> None:
-    first = Membership(store, "member-a", connector(store))
-    await first.beat()
-    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
-        conn.execute(
-            "UPDATE orders_leases SET owner = 'member-a', expires_at = now() + interval '1 minute' "
-            "WHERE lane IS NOT NULL"
-        )
-    second = Membership(store, "member-b", connector(store))
-    await second.beat()
+    first, second = await a_holding_every_lane_then_b_joins(store)
     leaving = sorted(second.lanes)[0]
     with psycopg.connect(store.require_dsn()) as batch:  # a batch of a holds that lane's row
         batch.execute("SELECT 1 FROM orders_leases WHERE lane = %s FOR UPDATE", (leaving,))
