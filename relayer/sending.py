@@ -45,7 +45,6 @@ class SendReport:
     failures: dict[int, Failure] = field(default_factory=dict)
     published: int = 0
     cut_short: bool = False
-    unavailable: str | None = None  # the first transport error of the batch
     # Rows left unsent because their transport could not be reached: row index -> the error.
     down: dict[int, str] = field(default_factory=dict)
 
@@ -251,8 +250,6 @@ class BatchSender:
         self._stopped_keys.add(self.rows[index].key)
         if error is not None:
             self._down.setdefault(transport, str(error))
-            if self.report.unavailable is None:
-                self.report.unavailable = str(error)
         self.report.down[index] = self._down.get(transport, f"transport {transport!r} is down")
 
 
