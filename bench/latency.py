@@ -30,7 +30,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` imp
 import psycopg
 
 from bench.common import machine, postgres, scratch_schema, server_version
-from relayer import Outbox, schema
+from bench.relay import applied
+from relayer import Outbox
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
 from relayer.transports.base import OutgoingMessage, Transport
 from relayer.transports.memory import MemoryTransport
@@ -165,17 +166,17 @@ async def main_async(arguments: argparse.Namespace) -> None:
     with postgres(arguments.dsn) as dsn:
         print(f"machine: {machine()}; {server_version(dsn)}")
         with scratch_schema(dsn, "latency") as schema_name:
-            store = store_settings(
-                name="latency",
-                dsn=dsn,
-                schema=schema_name,
-                table_prefix="l_",
-                lanes=arguments.lanes,
-                transports={"broker": {"type": "memory"}},
-                default_transport="broker",
+            store = await applied(
+                store_settings(
+                    name="latency",
+                    dsn=dsn,
+                    schema=schema_name,
+                    table_prefix="l_",
+                    lanes=arguments.lanes,
+                    transports={"broker": {"type": "memory"}},
+                    default_transport="broker",
+                )
             )
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                await schema.apply(conn, store)
             if arguments.transport == "kafka":
                 await kafka_run(store, arguments)
             else:
