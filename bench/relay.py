@@ -11,7 +11,8 @@ Measures, in one run against the same PostgreSQL:
   sequential send awaited to its acknowledgement, and a fenced DELETE;
 - with ``--transport kafka|rabbitmq``, the bare producer (confluent-kafka with the same
   settings, or an aio-pika pipelined publisher with confirms) sending the same messages from
-  memory. Kafka is an embedded tansu broker unless a bootstrap server is given.
+  memory, in ``--rounds`` rounds that alternate relay and bare runs; the ratio is that of the
+  medians. Kafka is an embedded tansu broker unless a bootstrap server is given.
 Prints rows/s and the ratio. Never asserts on time.
 """
 
@@ -19,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,21 +164,53 @@ async def memory_run(dsn: str, arguments: argparse.Namespace) -> None:
         print(f"relayer / per-row baseline = {rate / base:.1f}x")
 
 
+async def interleaved(
+    arguments: argparse.Namespace,
+    relayed: Callable[[], Awaitable[float]],
+    bare: Callable[[], Awaitable[float]],
+    labels: tuple[str, str],
+) -> None:
+    """Alternate relay and bare runs (the order swapped every round, so drift in the machine's
+    speed hits both alike), print each round, then the medians and the ratio of the medians."""
+    rates: dict[str, list[float]] = {"relay": [], "bare": []}
+    for round_number in range(1, arguments.rounds + 1):
+        order = ("relay", "bare") if round_number % 2 else ("bare", "relay")
+        for kind in order:
+            rates[kind].append(await (relayed if kind == "relay" else bare)())
+        ratio = rates["relay"][-1] / rates["bare"][-1]
+        print(
+            f"round {round_number}: {labels[0]} {rates['relay'][-1]:>9,.0f} msg/s, "
+            f"{labels[1]} {rates['bare'][-1]:>9,.0f} msg/s, ratio {ratio:.2f}x",
+            flush=True,
+        )
+    relay, bare_rate = statistics.median(rates["relay"]), statistics.median(rates["bare"])
+    ratios = [r / b for r, b in zip(rates["relay"], rates["bare"], strict=True)]
+    print(f"{labels[0]}: {relay:>10,.0f} msg/s median ({arguments.rows:,} rows, {LANES} lanes)")
+    print(f"{labels[1]}: {bare_rate:>10,.0f} msg/s median (same messages, from memory)")
+    print(
+        f"relayer / bare = {relay / bare_rate:.2f}x (ratio of the medians; per round "
+        f"{min(ratios):.2f}-{max(ratios):.2f}x over {arguments.rounds} rounds)"
+    )
+
+
 async def kafka_run(dsn: str, arguments: argparse.Namespace) -> None:
     from bench.transport_bare import bare_kafka, create_topic, kafka_cluster, messages
 
     with kafka_cluster(arguments.kafka_bootstrap) as bootstrap:
         topic = create_topic(bootstrap)
-        with scratch_schema(dsn, "relay") as schema_name:
-            options = {"type": "kafka", "bootstrap.servers": bootstrap}
-            store = await applied(make_store(dsn, schema_name, options))
-            rate = await relayer_rate(store, None, arguments.rows, topic)
-        print(f"relayer -> Kafka:   {rate:>10,.0f} msg/s  ({arguments.rows:,} rows, {LANES} lanes)")
-        batch = messages(arguments.rows, KEYS, topic)
-        seconds = await asyncio.to_thread(bare_kafka, bootstrap, topic, batch)
-        bare = arguments.rows / seconds
-        print(f"bare confluent-kafka: {bare:>8,.0f} msg/s  (same messages, from memory)")
-        print(f"relayer / bare producer = {rate / bare:.2f}x")
+
+        async def relayed() -> float:
+            with scratch_schema(dsn, "relay") as schema_name:
+                options = {"type": "kafka", "bootstrap.servers": bootstrap}
+                store = await applied(make_store(dsn, schema_name, options))
+                return await relayer_rate(store, None, arguments.rows, topic)
+
+        async def bare() -> float:
+            batch = messages(arguments.rows, KEYS, topic)
+            seconds: float = await asyncio.to_thread(bare_kafka, bootstrap, topic, batch)
+            return arguments.rows / seconds
+
+        await interleaved(arguments, relayed, bare, ("relayer -> Kafka", "bare confluent-kafka"))
 
 
 async def rabbitmq_run(dsn: str, arguments: argparse.Namespace) -> None:
@@ -183,21 +218,22 @@ async def rabbitmq_run(dsn: str, arguments: argparse.Namespace) -> None:
 
     url = arguments.rabbitmq_url
 
-    async def relayed(queue: str) -> float:
+    async def relayed_to(queue: str) -> float:
         with scratch_schema(dsn, "relay") as schema_name:
             options = {"type": "rabbitmq", "url": url}
             store = await applied(make_store(dsn, schema_name, options))
             return await relayer_rate(store, None, arguments.rows, "/" + queue)
 
-    async def bare_run(queue: str) -> float:
+    async def bare_to(queue: str) -> float:
         seconds = await bare_rabbitmq(url, queue, messages(arguments.rows, KEYS, ""))
         return arguments.rows / seconds
 
-    rate = await with_queue(url, relayed)
-    print(f"relayer -> RabbitMQ: {rate:>9,.0f} msg/s  ({arguments.rows:,} rows, {LANES} lanes)")
-    bare = await with_queue(url, bare_run)
-    print(f"bare aio-pika publisher: {bare:>5,.0f} msg/s  (pipelined confirms, from memory)")
-    print(f"relayer / bare publisher = {rate / bare:.2f}x")
+    await interleaved(
+        arguments,
+        lambda: with_queue(url, relayed_to),
+        lambda: with_queue(url, bare_to),
+        ("relayer -> RabbitMQ", "bare aio-pika (pipelined confirms)"),
+    )
 
 
 async def applied(store: StoreSettings) -> StoreSettings:
@@ -221,6 +257,9 @@ def main() -> None:
     parser.add_argument("--transport", choices=("memory", "kafka", "rabbitmq"), default="memory")
     parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
     parser.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="kafka/rabbitmq: relay and bare runs alternated"
+    )
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -408,14 +408,29 @@ def _text(field_name: str, value: object, limit: int) -> str:
         raise InvalidMessageError(field_name, value, f"must be str, not {type(value).__name__}")
     if "\x00" in value:
         raise InvalidMessageError(field_name, _preview(value), "must not contain NUL characters")
-    if len(value) * 4 <= limit:
-        return value  # UTF-8 takes at most 4 bytes a character: no need to encode to know
-    size = len(value.encode("utf-8"))
+    size = _utf8_size(field_name, value)
     if size > limit:
         raise InvalidMessageError(
             field_name, _preview(value), f"is {size:,} bytes; the limit is {limit:,}"
         )
     return value
+
+
+def _utf8_size(field_name: str, value: str) -> int:
+    """The UTF-8 size of ``value``; an error for text that has no UTF-8 form (lone surrogates,
+    which PostgreSQL and the brokers cannot store)."""
+    if value.isascii():
+        return len(value)
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidMessageError(
+            field_name,
+            _preview(value),
+            f"is not valid Unicode text: character {exc.start} is a lone surrogate "
+            f"({value[exc.start]!r}), usually bytes decoded with errors='surrogateescape'; "
+            "decode the bytes with their real encoding",
+        ) from None
 
 
 def _headers(headers: Mapping[str, str] | None) -> EncodedJson:
@@ -452,7 +467,7 @@ def _headers(headers: Mapping[str, str] | None) -> EncodedJson:
         for part in (name, value):
             if "\x00" in part:
                 raise InvalidMessageError(f"headers[{name!r}]", part, "must not contain NUL")
-        size += len(name.encode()) + len(value.encode())
+        size += _utf8_size(f"headers[{name!r}]", name) + _utf8_size(f"headers[{name!r}]", value)
         checked[name] = value
     if size > MAX_HEADERS_BYTES:
         raise InvalidMessageError(

@@ -63,6 +63,25 @@ def test_bad_headers(headers: object) -> None:
     assert rejected(headers=headers).field.startswith("headers")
 
 
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"key": "order-\udc80"}, "key"),
+        ({"destination": "orders\ud800"}, "destination"),
+        ({"headers": {"note": "caf\udce9"}}, "headers['note']"),
+        ({"headers": {"n\udce9": "x"}}, "headers['n\\udce9']"),
+    ],
+)
+def test_text_with_a_lone_surrogate_is_refused_by_name(
+    fields: dict[str, object], field: str
+) -> None:
+    """Text PostgreSQL cannot store (bytes decoded with surrogateescape) gets a clear error
+    before anything is written, not an encoding error from the driver."""
+    error = rejected(**fields)
+    assert error.field == field
+    assert "lone surrogate" in error.rule and "surrogateescape" in error.rule
+
+
 def test_unknown_transport() -> None:
     error = rejected(transport="sqs")
     assert error.field == "transport"

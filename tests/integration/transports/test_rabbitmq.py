@@ -17,7 +17,7 @@ import aiormq
 import pytest
 
 from relayer.errors import TransportError
-from relayer.transports.base import OutgoingMessage, TransportUnavailableError
+from relayer.transports.base import OutgoingMessage, SendError, TransportUnavailableError
 from relayer.transports.rabbitmq import RabbitMQTransport
 from tests.contract.brokers import consume_rabbitmq, unique
 from tests.contract.pacing import publish_in_order
@@ -107,6 +107,78 @@ async def test_a_lost_connection_fails_outstanding_confirms_and_reconnects(
         await transport.close()
         await proxy.stop()
         await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_publishes_of_one_turn_arrive_whole_in_order_with_large_and_empty_bodies(
+    rabbitmq_url: str, channel: Any
+) -> None:
+    """The publishes of one event-loop turn share a socket write; bodies larger than the
+    negotiated frame_max are split into several body frames, an empty body has none."""
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("batched", rabbitmq_url)
+    try:
+        await transport.start()
+        frame_max = (await transport._ensure_channel(force=False)).max_content_size
+        bodies = [b"", b"small", bytes(range(256)) * (frame_max // 256 * 2 + 3), b"x" * frame_max]
+        bodies += [f"row-{index}".encode() for index in range(500)]
+        messages = [
+            OutgoingMessage(uuid.uuid4(), "/" + queue.name, body, key=f"k{index % 7}",
+                            headers={"n": str(index)})
+            for index, body in enumerate(bodies)
+        ]  # fmt: skip
+        # No await between the publishes' returns: all are written in one turn.
+        acknowledgements = [await transport.publish(message) for message in messages]
+        await asyncio.wait_for(asyncio.gather(*acknowledgements), 30)
+        connection = await aio_pika.connect(rabbitmq_url)
+        try:
+            received = await consume_rabbitmq(connection, queue.name, len(messages))
+        finally:
+            await connection.close()
+        assert [r.body for r in received] == bodies
+        assert [r.headers["n"] for r in received] == [str(i) for i in range(len(bodies))]
+        assert [r.headers["relayer-message-id"] for r in received] == [m.id_text for m in messages]
+    finally:
+        await transport.close()
+        await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_a_message_amqp_cannot_encode_fails_alone(rabbitmq_url: str, channel: Any) -> None:
+    """A header value with no UTF-8 form fails that message, not retryable; the messages
+    published in the same turn around it are confirmed."""
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("encode", rabbitmq_url)
+    try:
+        await transport.start()
+        destination = "/" + queue.name
+        before, after = (OutgoingMessage(uuid.uuid4(), destination, b"ok", key="k") for _ in "ab")
+        bad = OutgoingMessage(uuid.uuid4(), destination, b"x", key="k", headers={"h": "\udc80"})
+        acknowledgements = [await transport.publish(m) for m in (before, bad, after)]
+        results = await asyncio.gather(*acknowledgements, return_exceptions=True)
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], SendError) and not results[1].retryable
+        assert "cannot encode" in str(results[1])
+    finally:
+        await transport.close()
+        await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_frames_wait_in_order_when_the_connection_writer_queue_is_full() -> None:
+    """aiormq's writer queue is small; frames beyond it are handed over by one task, in order,
+    and frames written meanwhile queue behind them."""
+
+    class Underlay:
+        write_queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
+
+    transport = RabbitMQTransport("queued", "amqp://guest:guest@127.0.0.1:5672/")
+    underlay = Underlay()
+    transport._frames.extend(["a", "b", "c"])  # type: ignore[list-item]
+    transport._write_frames(underlay)
+    transport._frames.append("d")  # type: ignore[arg-type]
+    transport._write_frames(underlay)  # the pump owns writing: "d" must not jump ahead
+    seen = [await asyncio.wait_for(underlay.write_queue.get(), 5) for _ in range(4)]
+    assert seen == ["a", "b", "c", "d"]
+    await asyncio.sleep(0)
+    assert transport._pump is None and not transport._frames
 
 
 async def test_an_unreachable_broker_is_a_clear_unavailable_error(rabbitmq_url: str) -> None:
