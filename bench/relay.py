@@ -58,7 +58,7 @@ DELETE = (
 
 
 def make_store(
-    dsn: str, schema_name: str, transport: dict[str, Any] | None = None
+    dsn: str, schema_name: str, transport: dict[str, Any] | None = None, *, notify: bool = False
 ) -> StoreSettings:
     return store_settings(
         name="bench",
@@ -67,7 +67,7 @@ def make_store(
         table_prefix="r_",
         lanes=LANES,
         poll_interval="0.2s",
-        notify=False,
+        notify=notify,
         transports={"broker": transport or {"type": "memory"}},
         default_transport="broker",
     )

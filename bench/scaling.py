@@ -40,6 +40,7 @@ def config(store: StoreSettings, transport: dict[str, Any], folder: str) -> str:
         f'schema = "{store.db_schema}"',
         f'table_prefix = "{store.table_prefix}"',
         f"lanes = {store.lanes}",
+        f"notify = {str(store.notify).lower()}",
         'default_transport = "broker"',
         "[stores.bench.transports.broker]",
         *(f'"{name}" = "{value}"' for name, value in transport.items()),

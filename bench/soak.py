@@ -1,11 +1,13 @@
 """Soak: a worker process relaying a steady stream for a long time; its memory over time.
 
-    python bench/soak.py [--minutes 30] [--rate 300]
+    python bench/soak.py [--minutes 30] [--rate 300] [--notify]
 
 Starts ``relayer run`` (one worker, Kafka on an embedded tansu broker unless
 ``--kafka-bootstrap`` is given), writes ``--rate`` rows/s (one row per transaction, 1,000
-keys) for ``--minutes``, and samples the worker's resident memory (VmRSS) every minute. Prints
-the samples and the growth between minute 5 and the last minute. Asserts nothing.
+keys) for ``--minutes`` and samples the worker's resident memory (VmRSS) every minute. With
+``--notify`` each commit wakes the worker by NOTIFY; without it the worker finds the rows by
+its poll. Prints the samples and the growth between minute 5 and the last minute. Asserts
+nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def resident_kib(pid: int) -> int:
 def soak(dsn: str, bootstrap: str, topic: str, arguments: argparse.Namespace) -> None:
     with scratch_schema(dsn, "soak") as schema_name, tempfile.TemporaryDirectory() as folder:
         options = {"type": "kafka", "bootstrap.servers": bootstrap}
-        store = asyncio.run(applied(make_store(dsn, schema_name, options)))
+        store = asyncio.run(applied(make_store(dsn, schema_name, options, notify=arguments.notify)))
         env = {key: value for key, value in os.environ.items() if not key.startswith("RELAYER_")}
         worker = subprocess.Popen(
             [sys.executable, "-m", "relayer", "--config", config(store, options, folder),
@@ -95,6 +97,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--rate", type=float, default=300)
     parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
+    parser.add_argument(
+        "--notify",
+        action="store_true",
+        help="the writer notifies and the worker listens (default: the worker finds rows by "
+        "its poll, every poll_interval)",
+    )
     arguments = parser.parse_args()
     from bench.transport_bare import create_topic, kafka_cluster
 

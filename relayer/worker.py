@@ -435,6 +435,7 @@ class Worker:
         started_transports: list[Transport] = []
         opened: list[StoreRuntime] = []
         gates: list[PostgresClusterState] = []
+        serving = False
         try:
             for gate in self._gates:
                 await gate.open()
@@ -451,6 +452,7 @@ class Worker:
                 ", ".join(self.runtimes),
                 extra={"action": "start", "member": self.member},
             )
+            serving = True
             async with asyncio.TaskGroup() as tasks:
                 for runtime in opened:
                     tasks.create_task(runtime.membership.run(stop))
@@ -477,7 +479,14 @@ class Worker:
                         exc,
                         extra={"action": "transport_close_failed"},
                     )
-            logger.info("worker %s stopped", self.member, extra={"action": "stop"})
+            # A start-up failure is reported by whoever awaited run() (the CLI prints it): an
+            # INFO "stopped" line just before that error would only confuse.
+            logger.log(
+                logging.INFO if serving else logging.DEBUG,
+                "worker %s stopped" if serving else "worker %s stopped before serving",
+                self.member,
+                extra={"action": "stop"},
+            )
 
 
 def _build_transports(stores: Sequence[StoreSettings]) -> dict[str, dict[str, Transport]]:

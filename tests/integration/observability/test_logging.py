@@ -102,3 +102,15 @@ def test_an_unreachable_database_fails_start_up_without_secrets(
     check_no_secret(result.stdout + result.stderr)
     if log_format == "json":
         json_records(result.stderr)
+
+
+def test_a_failed_start_up_prints_the_error_alone_at_the_default_level(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """No INFO "worker ... stopped" before the error: the worker never served."""
+    config = config_file(tmp_path, with_password(pg_dsn, port=free_port()))
+    result = relayer("--config", str(config), "run", "orders", env=environment())
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("relayer: store 'orders': cannot connect to"), lines

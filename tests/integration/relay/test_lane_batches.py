@@ -87,6 +87,50 @@ async def test_batch_sends_head_first_per_key_and_deletes(
     assert again.scan is Scan.EMPTY
 
 
+class SlowFirstPublish(MemoryTransport):
+    """A memory transport whose first publish blocks for ``delay`` seconds (backpressure)."""
+
+    def __init__(self, name: str, delay: float) -> None:
+        super().__init__(name)
+        self.delay = delay
+        self.calls = 0
+
+    async def publish(self, message: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.sleep(self.delay)
+        return await super().publish(message)
+
+
+async def test_a_lane_left_out_of_the_admission_window_is_due_again_at_once(
+    pg_dsn: str,
+) -> None:
+    """Two lanes share a batch; a blocked publish of the first uses up the admission window,
+    so the second lane's rows are never published. That lane did nothing wrong: it is due
+    again at once (no backoff, nothing parked), and the next batch sends its rows."""
+    store = make_store(
+        pg_dsn, lanes=4, batch_size=50, lease_duration="1s", poll_interval="0.2s",
+        transports={"memory": {"type": "memory"}}, default_transport="memory",
+    )  # fmt: skip
+    await apply_schema(store)
+    write(store, keys_in_lane(store, 1, 2))
+    write(store, keys_in_lane(store, 2, 2))
+    transport = SlowFirstPublish("memory", delay=0.3)  # admission is lease/4 = 0.25 s
+    await transport.start()
+    relay = LaneRelay(store, {"memory": transport}, MEMBER)
+    first, second = await send_group(relay, [1, 2])
+    by_sent = sorted([first, second], key=lambda result: result.sent)
+    left_out, served = by_sent
+    assert served.sent == 1 and served.scan is Scan.SENT and served.next_in == 0.0
+    assert left_out.sent == 0 and left_out.failed == 0
+    assert left_out.scan is Scan.SENT and left_out.next_in == 0.0 and left_out.cut_short
+    assert parked(store) == {}
+    assert pending(store) == 3
+    again = await send(relay, left_out.lane)
+    assert again.sent == 2
+    await transport.close()
+
+
 async def test_batch_size_bounds_each_batch(
     relay_store: StoreSettings, memory: MemoryTransport
 ) -> None:
