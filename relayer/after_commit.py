@@ -105,6 +105,9 @@ class UnorderedDispatcher:
         self._pool: AsyncConnectionPool | None = None
         self._tasks: set[asyncio.Task[UnorderedResult]] = set()
         self._listeners: list[tuple[Any, str, Callable[..., None]]] = []
+        # Rows this dispatcher sent and failed attempts, since it was made (for your metrics).
+        self.sent = 0
+        self.failed = 0
         outbox.on_unordered = self.pending.add
 
     def __repr__(self) -> str:
@@ -191,7 +194,10 @@ class UnorderedDispatcher:
         for start in range(0, len(ids), size):
             try:
                 async with self._pool.connection(timeout=self._sender.deadline) as conn:
-                    total += await self._sender.send_ids(conn, ids[start : start + size])
+                    result = await self._sender.send_ids(conn, ids[start : start + size])
+                total += result
+                self.sent += result.sent
+                self.failed += result.failed
             except (psycopg.Error, PoolTimeout, OSError) as exc:
                 detail = redact(str(exc))
                 logger.warning(

@@ -186,7 +186,9 @@ class Maintenance:
         self.leader = leader
         self.queue: MemoryQueue[int] = MemoryQueue(maintenance_queue(store.name))
         self.sender = UnorderedSender(store, transports)
+        # Unordered rows this worker's recovery sent, and failed attempts (exported as metrics).
         self.recovered = 0
+        self.recovery_failed = 0
         self.last_cleanup: CleanupReport | None = None
 
     def start(self) -> None:
@@ -218,6 +220,7 @@ class Maintenance:
         async with self.pool.connection() as conn:
             result = await self.sender.recover(conn, self.store.batch_size)
         self.recovered += result.sent
+        self.recovery_failed += result.failed
         if result.sent:
             logger.info(
                 "store %s: recovered %s unordered rows",

@@ -314,6 +314,13 @@ class _Collector:
         gave_up = counter(
             "relayer_messages_gave_up", "Failed rows whose key now waits for an operator."
         )
+        recovered = counter(
+            "relayer_unordered_recovered",
+            "Unordered rows older than unordered_grace that this worker sent and deleted.",
+        )
+        recovery_failed = counter(
+            "relayer_unordered_recovery_failed", "Failed attempts to send recovered rows."
+        )
         scans = counter("relayer_lane_scans", "Lane scans by how they ended.", "result")
         errors = counter("relayer_backlog_refresh_errors", "Failed backlog refreshes.")
         batch = HistogramMetricFamily(
@@ -338,6 +345,8 @@ class _Collector:
             sent.add_metric([name], stats.sent)
             failed.add_metric([name], stats.failed)
             gave_up.add_metric([name], stats.gave_up)
+            recovered.add_metric([name], runtime.maintenance.recovered)
+            recovery_failed.add_metric([name], runtime.maintenance.recovery_failed)
             for scan in Scan:
                 scans.add_metric([name, scan.value], stats.by_scan.get(scan.value, 0))
             errors.add_metric([name], self.metrics.refresh_errors.get(name, 0))
@@ -359,7 +368,8 @@ class _Collector:
             parked.add_metric([name, "operator"], waiting_operator)
             owned.add_metric([name], len(lanes))
             members.add_metric([name], len(runtime.membership.members))
-        yield from (sent, failed, gave_up, scans, errors, batch, latency)
+        yield from (sent, failed, gave_up, recovered, recovery_failed, scans, errors)
+        yield from (batch, latency)
         yield from (pending, oldest, parked, owned, members)
 
     def _dispatch_families(self, worker: Worker) -> Iterator[Metric]:

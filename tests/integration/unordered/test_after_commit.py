@@ -61,6 +61,7 @@ async def test_commit_then_dispatch_sends_and_deletes(
         await conn.commit()
         result = await dispatcher.dispatch_after_commit(conn)
         again = await dispatcher.dispatch_after_commit(conn)
+        assert (dispatcher.sent, dispatcher.failed) == (3, 0)  # running totals, for metrics
     assert (result.claimed, result.sent, result.failed, result.error) == (3, 3, 0, "")
     assert again.claimed == 0  # the ids were taken by the first dispatch
     assert {message.id for message in memory.received("emails")} == set(unordered)
@@ -122,6 +123,7 @@ async def test_a_failing_row_is_retried_later_and_the_others_go(
         memory.fail_message(ids[0], message="mailbox full")
         memory.fail_message(ids[1], retryable=False, message="no such topic")
         result = await dispatcher.dispatch(ids)
+        assert (dispatcher.sent, dispatcher.failed) == (0, 2)
     assert (result.sent, result.failed) == (0, 2)
     found = rows(store)
     attempts, error, retry_in = found[ids[0]]
