@@ -63,6 +63,8 @@ _KNOWN_OPTIONS = (
     "url, ordered_destinations, max_outstanding, connect_timeout, close_timeout, reconnect_interval"
 )
 _PERSISTENT = 2
+# Publishes of one event-loop turn are joined into writes of about this many bytes.
+_WRITE_BYTES = 1 << 20
 # AMQP field-table names are short strings of at most 128 bytes; the client would cut a longer
 # header name short without a word, so such a message is failed instead.
 _MAX_HEADER_NAME_BYTES = 128
@@ -263,12 +265,12 @@ class RabbitMQTransport:
         self._flush_scheduled = False
         queued, self._queued = self._queued, []
         payloads: list[bytes] = []
-        underlay: Any = None
+        size = 0
+        underlay = self._underlay
         for item in queued:
-            if item.underlay is not self._underlay or item.underlay.is_closed:
+            if item.underlay is not underlay or underlay.is_closed:
                 self._settle_lost(item)
                 continue
-            underlay = item.underlay
             underlay.delivery_tag += 1
             tag = underlay.delivery_tag
             confirmation = underlay.create_future()
@@ -276,8 +278,13 @@ class RabbitMQTransport:
             underlay.message_id_delivery_tag[item.message_id] = tag
             confirmation.add_done_callback(functools.partial(self._settle, item, tag))
             payloads.append(item.payload)
+            size += len(item.payload)
+            if size >= _WRITE_BYTES:  # large messages: several writes, not one huge copy
+                self._frames.append(ChannelFrame(payload=b"".join(payloads), should_close=False))
+                payloads, size = [], 0
         if payloads:
             self._frames.append(ChannelFrame(payload=b"".join(payloads), should_close=False))
+        if self._frames and underlay is not None:
             self._write_frames(underlay)
 
     def _write_frames(self, underlay: Any) -> None:
@@ -297,7 +304,8 @@ class RabbitMQTransport:
                 await queue.put(self._frames[0])
                 self._frames.popleft()
         finally:
-            self._pump = None
+            if self._pump is asyncio.current_task():
+                self._pump = None
 
     def _settle(self, item: _Queued, tag: int, confirmation: asyncio.Future[Any]) -> None:
         """The broker's answer for one message, as the relay understands it."""
@@ -425,6 +433,12 @@ class RabbitMQTransport:
     async def _disconnect(self) -> None:
         connection, self._connection = self._connection, None
         self._channel = self._underlay = None
+        # Frames not yet handed to the old connection die with it (their confirmations fail
+        # when it closes); frames for the next connection must not queue behind them.
+        self._frames.clear()
+        if self._pump is not None:
+            self._pump.cancel()
+            self._pump = None
         if connection is not None and not connection.is_closed:
             try:
                 await connection.close()

@@ -112,14 +112,16 @@ async def test_a_lost_connection_fails_outstanding_confirms_and_reconnects(
 async def test_publishes_of_one_turn_arrive_whole_in_order_with_large_and_empty_bodies(
     rabbitmq_url: str, channel: Any
 ) -> None:
-    """The publishes of one event-loop turn share a socket write; bodies larger than the
-    negotiated frame_max are split into several body frames, an empty body has none."""
+    """The publishes of one event-loop turn go out together (in writes of about 1 MiB);
+    bodies larger than the negotiated frame_max are split into several body frames, an empty
+    body has none. Everything arrives whole, in publish order."""
     queue = await fresh_queue(channel)
     transport = RabbitMQTransport("batched", rabbitmq_url)
     try:
         await transport.start()
         frame_max = (await transport._ensure_channel(force=False)).max_content_size
         bodies = [b"", b"small", bytes(range(256)) * (frame_max // 256 * 2 + 3), b"x" * frame_max]
+        bodies.append(b"z" * (3 << 19))  # 1.5 MiB: the turn's publishes take several writes
         bodies += [f"row-{index}".encode() for index in range(500)]
         messages = [
             OutgoingMessage(uuid.uuid4(), "/" + queue.name, body, key=f"k{index % 7}",
@@ -178,6 +180,13 @@ async def test_frames_wait_in_order_when_the_connection_writer_queue_is_full() -
     seen = [await asyncio.wait_for(underlay.write_queue.get(), 5) for _ in range(4)]
     assert seen == ["a", "b", "c", "d"]
     await asyncio.sleep(0)
+    assert transport._pump is None and not transport._frames
+    # Frames still waiting when the connection goes are dropped with it (their confirmations
+    # fail as the channel closes): none may reach the next connection's queue.
+    transport._frames.extend(["e", "f", "g"])  # type: ignore[list-item]
+    transport._write_frames(underlay)
+    assert transport._pump is not None
+    await transport._disconnect()
     assert transport._pump is None and not transport._frames
 
 
