@@ -10,7 +10,8 @@ Every message is persistent, published with ``mandatory=True`` (an unroutable me
 with a non-retryable SendError instead of being dropped), carries the outbox id as AMQP
 ``message_id`` and in the ``relayer-message-id`` header, and the ordering key in the
 ``relayer-ordering-key`` header. Publishes are written on one channel in call order and many
-confirms may be outstanding; the publishes of one event-loop turn go out in one socket write.
+confirms may be outstanding; the publishes of one event-loop turn go out together, and the
+next turn's wait until that write has left the socket buffer (backpressure from the broker).
 RabbitMQ has no gapless guarantee, so ``pipelines_within_key`` is False: the relay waits for a
 key's confirm before publishing its next row.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import time
@@ -101,9 +103,11 @@ class RabbitMQTransport:
         self._exchanges: set[str] = set()
         self._outstanding: set[asyncio.Future[None]] = set()
         self._queued: list[_Queued] = []
+        self._queued_bytes = 0
         self._flush_scheduled = False
         self._frames: collections.deque[ChannelFrame] = collections.deque()
         self._pump: asyncio.Task[None] | None = None
+        self._drained: asyncio.Future[None] | None = None
         self._started = False
         self._closed = False
 
@@ -186,6 +190,12 @@ class RabbitMQTransport:
             return _failed(SendError(str(exc), retryable=False))
         except SendError as exc:
             return _failed(exc)
+        drained = self._drained
+        if drained is not None and not drained.done():
+            # Backpressure: the previous write is still in the socket's buffer (a slow or
+            # blocked broker); queue nothing more until it has gone out.
+            with contextlib.suppress(Exception):  # a lost connection: the flush sees it
+                await drained
         headers: dict[str, Any] = dict(message.headers) if message.headers else {}
         for name in headers:
             if len(name.encode()) > _MAX_HEADER_NAME_BYTES:
@@ -214,7 +224,10 @@ class RabbitMQTransport:
         self._queued.append(
             _Queued(underlay, payload, message.id_text, route, routing_key, settled)
         )
-        if not self._flush_scheduled:
+        self._queued_bytes += len(payload)
+        if self._queued_bytes >= _WRITE_BYTES:
+            self._flush()  # now: the next publish waits for this write to drain
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
         return settled
@@ -235,7 +248,8 @@ class RabbitMQTransport:
                     len(late),
                     extra={"action": "transport_close", "rows": len(late)},
                 )
-        await self._disconnect()
+        async with self._connect_lock:  # not while a reconnect is half done
+            await self._disconnect()
         if pending:
             await asyncio.wait(pending)
 
@@ -264,12 +278,26 @@ class RabbitMQTransport:
         """
         self._flush_scheduled = False
         queued, self._queued = self._queued, []
+        self._queued_bytes = 0
+        writes: list[bytes] = []
         payloads: list[bytes] = []
         size = 0
         underlay = self._underlay
+        # The broker may have closed the channel already: aiormq forgets its number at once,
+        # is_closed follows a few turns later. Publishes written then would be a protocol error.
+        usable = (
+            underlay is not None
+            and not underlay.is_closed
+            and underlay.connection.channels.get(underlay.number) is underlay
+        )
         for item in queued:
-            if item.underlay is not underlay or underlay.is_closed:
+            if not usable or item.underlay is not underlay:
                 self._settle_lost(item)
+                continue
+            if item.message_id in underlay.message_id_delivery_tag:
+                # A basic.return names the message by its id: with two copies unconfirmed, a
+                # return could fail the wrong one. The earlier copy settles first.
+                self._settle_duplicate(item)
                 continue
             underlay.delivery_tag += 1
             tag = underlay.delivery_tag
@@ -280,12 +308,19 @@ class RabbitMQTransport:
             payloads.append(item.payload)
             size += len(item.payload)
             if size >= _WRITE_BYTES:  # large messages: several writes, not one huge copy
-                self._frames.append(ChannelFrame(payload=b"".join(payloads), should_close=False))
+                writes.append(b"".join(payloads))
                 payloads, size = [], 0
         if payloads:
-            self._frames.append(ChannelFrame(payload=b"".join(payloads), should_close=False))
-        if self._frames and underlay is not None:
-            self._write_frames(underlay)
+            writes.append(b"".join(payloads))
+        if not writes:
+            return
+        # The writer resolves this once the turn's last write has left the socket buffer.
+        self._drained = underlay.create_future()
+        last = len(writes) - 1
+        for number, payload in enumerate(writes):
+            drained = self._drained if number == last else None
+            self._frames.append(ChannelFrame(payload, should_close=False, drain_future=drained))
+        self._write_frames(underlay)
 
     def _write_frames(self, underlay: Any) -> None:
         """Hand written frames to aiormq's connection writer, in order; when its small queue
@@ -345,6 +380,16 @@ class RabbitMQTransport:
         else:  # a lost channel/connection fails every outstanding confirm
             item.settled.set_exception(_lost(route, error))
 
+    def _settle_duplicate(self, item: _Queued) -> None:
+        self._slots.release()
+        if not item.settled.done():
+            item.settled.set_exception(
+                SendError(
+                    f"an earlier copy of message {item.message_id} is still waiting for "
+                    "RabbitMQ's confirm; this copy will be sent again after it"
+                )
+            )
+
     def _settle_lost(self, item: _Queued) -> None:
         """A queued publish whose channel went away before it was written."""
         self._slots.release()
@@ -356,6 +401,8 @@ class RabbitMQTransport:
         if self._underlay is not None and not self._channel.is_closed:
             return self._underlay
         async with self._connect_lock:
+            if self._closed:
+                raise TransportError(f"RabbitMQ transport {self._name!r} is closed")
             if self._underlay is not None and not self._channel.is_closed:
                 return self._underlay
             if not force and self._last_failure is not None:
@@ -385,6 +432,9 @@ class RabbitMQTransport:
                 self._last_failure = (time.monotonic(), reason)
                 await self._disconnect()
                 raise TransportUnavailableError(reason) from exc
+            if self._closed:  # close() was called while connecting
+                await self._disconnect()
+                raise TransportError(f"RabbitMQ transport {self._name!r} is closed")
             self._last_failure = None
             self._exchanges.clear()
             logger.debug(

@@ -32,6 +32,9 @@ class Proxy:
         self.writers: list[asyncio.StreamWriter] = []
         self.server: asyncio.Server | None = None
         self.port = 0
+        self.flowing = asyncio.Event()  # cleared: the broker side stops reading the client
+        self.flowing.set()
+        self.connect_delay = 0.0
 
     async def start(self) -> Proxy:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -39,17 +42,25 @@ class Proxy:
         return self
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(self.connect_delay)
         up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         self.writers += [writer, up_writer]
 
-        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        async def pump(
+            source: asyncio.StreamReader, sink: asyncio.StreamWriter, gate: asyncio.Event | None
+        ) -> None:
             with contextlib.suppress(OSError, asyncio.CancelledError):
-                while data := await source.read(65536):
+                while True:
+                    if gate is not None:
+                        await gate.wait()
+                    data = await source.read(65536)
+                    if not data:
+                        break
                     sink.write(data)
                     await sink.drain()
             sink.close()
 
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+        await asyncio.gather(pump(reader, up_writer, self.flowing), pump(up_reader, writer, None))
 
     def cut(self) -> None:
         for writer in self.writers:
@@ -161,6 +172,96 @@ async def test_a_message_amqp_cannot_encode_fails_alone(rabbitmq_url: str, chann
         assert "cannot encode" in str(results[1])
     finally:
         await transport.close()
+        await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_a_second_copy_of_an_unconfirmed_message_waits_for_the_first(
+    rabbitmq_url: str, channel: Any
+) -> None:
+    """RabbitMQ returns an unroutable message by its id: while one copy is unconfirmed, a
+    second copy with the same id is not written (a return could be taken for either), so a
+    returned message is never reported as sent."""
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("copies", rabbitmq_url)
+    try:
+        await transport.start()
+        message_id = uuid.uuid4()
+        to_nowhere = OutgoingMessage(message_id, f"/missing-{uuid.uuid4().hex}", b"lost?")
+        to_queue = OutgoingMessage(message_id, "/" + queue.name, b"again")
+        first = await transport.publish(to_nowhere)
+        second = await transport.publish(to_queue)
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert isinstance(results[0], SendError) and not results[0].retryable
+        assert "unroutable" in str(results[0])
+        assert isinstance(results[1], SendError) and results[1].retryable
+        assert "earlier copy" in str(results[1])
+        # Once the first copy settled, the id can be sent again.
+        await asyncio.wait_for(await transport.publish(to_queue), 30)
+        assert (await queue.declare()).message_count == 1
+    finally:
+        await transport.close()
+        await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_a_broker_that_stops_reading_makes_publish_wait(
+    rabbitmq_url: str, channel: Any
+) -> None:
+    """Backpressure: with the connection's socket buffer full, publish waits instead of
+    buffering every outstanding message in memory; everything goes once the broker reads."""
+    parts = urlsplit(rabbitmq_url)
+    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("slow", via(rabbitmq_url, proxy.port), max_outstanding=2_000)
+    acknowledgements: list[Any] = []
+    try:
+        await transport.start()
+        proxy.flowing.clear()
+
+        async def publish_all() -> None:
+            for _ in range(2_000):
+                message = OutgoingMessage(uuid.uuid4(), "/" + queue.name, b"x" * 100_000)
+                acknowledgements.append(await transport.publish(message))
+
+        publishing = asyncio.ensure_future(publish_all())
+        await asyncio.sleep(2)
+        assert not publishing.done()
+        assert len(acknowledgements) < 200  # about 20 MB of 200 MB, not all of it
+        proxy.flowing.set()
+        await asyncio.wait_for(publishing, 60)
+        await asyncio.wait_for(asyncio.gather(*acknowledgements), 60)
+    finally:
+        await transport.close()
+        await proxy.stop()
+        await queue.delete(if_unused=False, if_empty=False)
+
+
+async def test_close_during_a_reconnect_sends_nothing_and_leaves_no_connection(
+    rabbitmq_url: str, channel: Any
+) -> None:
+    parts = urlsplit(rabbitmq_url)
+    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("closing", via(rabbitmq_url, proxy.port), reconnect_interval=0)
+    try:
+        await transport.start()
+        proxy.cut()
+        await asyncio.sleep(0.3)
+        proxy.connect_delay = 0.5  # the next connect is slow: close() comes in the middle
+
+        async def publish() -> None:
+            message = OutgoingMessage(uuid.uuid4(), "/" + queue.name, b"after close")
+            await (await transport.publish(message))
+
+        publishing = asyncio.ensure_future(publish())
+        await asyncio.sleep(0.1)
+        await transport.close()
+        [outcome] = await asyncio.gather(publishing, return_exceptions=True)
+        assert isinstance(outcome, TransportError) and "closed" in str(outcome)
+        assert transport._connection is None
+        await asyncio.sleep(0.3)
+        assert (await queue.declare()).message_count == 0
+    finally:
+        await proxy.stop()
         await queue.delete(if_unused=False, if_empty=False)
 
 
