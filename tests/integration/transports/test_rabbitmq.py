@@ -73,6 +73,12 @@ class Proxy:
             self.server.close()
 
 
+async def proxy_to(url: str) -> Proxy:
+    """A started proxy to the broker of ``url``; connect through it with ``via``."""
+    parts = urlsplit(url)
+    return await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+
+
 def via(url: str, port: int) -> str:
     parts = urlsplit(url)
     credentials = parts.netloc.rsplit("@", 1)[0] + "@" if "@" in parts.netloc else ""
@@ -93,8 +99,7 @@ async def fresh_queue(channel: Any, **arguments: Any) -> Any:
 async def test_a_lost_connection_fails_outstanding_confirms_and_reconnects(
     rabbitmq_url: str, channel: Any
 ) -> None:
-    parts = urlsplit(rabbitmq_url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    proxy = await proxy_to(rabbitmq_url)
     queue = await fresh_queue(channel)
     transport = RabbitMQTransport("flaky", via(rabbitmq_url, proxy.port), reconnect_interval=0.01)
     try:
@@ -208,8 +213,7 @@ async def test_a_broker_that_stops_reading_makes_publish_wait(
 ) -> None:
     """Backpressure: with the connection's socket buffer full, publish waits instead of
     buffering every outstanding message in memory; everything goes once the broker reads."""
-    parts = urlsplit(rabbitmq_url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    proxy = await proxy_to(rabbitmq_url)
     queue = await fresh_queue(channel)
     transport = RabbitMQTransport("slow", via(rabbitmq_url, proxy.port), max_outstanding=2_000)
     acknowledgements: list[Any] = []
@@ -238,8 +242,7 @@ async def test_a_broker_that_stops_reading_makes_publish_wait(
 async def test_close_during_a_reconnect_sends_nothing_and_leaves_no_connection(
     rabbitmq_url: str, channel: Any
 ) -> None:
-    parts = urlsplit(rabbitmq_url)
-    proxy = await Proxy(parts.hostname or "127.0.0.1", parts.port or 5672).start()
+    proxy = await proxy_to(rabbitmq_url)
     queue = await fresh_queue(channel)
     transport = RabbitMQTransport("closing", via(rabbitmq_url, proxy.port), reconnect_interval=0)
     try:
