@@ -32,6 +32,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import importlib.metadata
 import logging
 import time
 from collections.abc import Awaitable, Iterable, Mapping
@@ -422,7 +423,12 @@ class RabbitMQTransport:
                 self._channel = await self._connection.channel(
                     publisher_confirms=True, on_return_raises=True
                 )
-                self._underlay = await self._channel.get_underlay_channel()
+                underlay = await self._channel.get_underlay_channel()
+                _require_supported(underlay)
+                self._underlay = underlay
+            except _UnsupportedClient:
+                await self._disconnect()
+                raise
             except Exception as exc:  # every connect failure becomes one clear message
                 reason = (
                     f"cannot connect RabbitMQ transport {self._name!r} to {self._shown_url}: "
@@ -494,6 +500,40 @@ class RabbitMQTransport:
                 await connection.close()
             except Exception as exc:  # closing a broken connection may fail; it is gone anyway
                 logger.debug("closing the RabbitMQ connection failed: %s", redact(str(exc)))
+
+
+class _UnsupportedClient(TransportError):
+    """The installed aiormq lacks what the batched publishing relies on."""
+
+
+# What the batched publishing uses of aiormq's channel (see RabbitMQTransport._flush).
+_CHANNEL_ATTRIBUTES = (
+    "delivery_tag",
+    "confirmations",
+    "message_id_delivery_tag",
+    "write_queue",
+    "max_content_size",
+    "number",
+    "connection",
+    "create_future",
+)
+
+
+def _require_supported(underlay: Any) -> None:
+    missing = [name for name in _CHANNEL_ATTRIBUTES if not hasattr(underlay, name)]
+    if missing or not hasattr(underlay.connection, "channels"):
+        raise _UnsupportedClient(
+            f"the installed aiormq {_installed('aiormq')} lacks "
+            f"{', '.join(missing) or 'connection.channels'} on its channels, which relayer's "
+            "RabbitMQ transport uses; install aiormq 7.x (pip install 'aiormq>=7.2,<8')"
+        )
+
+
+def _installed(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 @dataclass(slots=True)

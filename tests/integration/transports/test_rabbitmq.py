@@ -268,6 +268,30 @@ async def test_close_during_a_reconnect_sends_nothing_and_leaves_no_connection(
         await queue.delete(if_unused=False, if_empty=False)
 
 
+async def test_an_aiormq_without_what_batching_uses_fails_start_clearly(
+    rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transport uses aiormq's channel directly; an aiormq that changed it is refused at
+    start with what to install, never misused."""
+    monkeypatch.delattr(aiormq.Channel, "_split_body")  # unrelated: must not matter
+    transport = RabbitMQTransport("old-client", rabbitmq_url)
+    await transport.start()
+    await transport.close()
+    real_init = aiormq.Channel.__init__
+
+    def without_mapping(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        del self.message_id_delivery_tag
+
+    monkeypatch.setattr(aiormq.Channel, "__init__", without_mapping)
+    transport = RabbitMQTransport("new-client", rabbitmq_url)
+    with pytest.raises(TransportError) as caught:
+        await transport.start()
+    assert "message_id_delivery_tag" in str(caught.value) and "aiormq>=7.2,<8" in str(caught.value)
+    assert transport._connection is None
+    await transport.close()
+
+
 async def test_frames_wait_in_order_when_the_connection_writer_queue_is_full() -> None:
     """aiormq's writer queue is small; frames beyond it are handed over by one task, in order,
     and frames written meanwhile queue behind them."""
