@@ -292,6 +292,35 @@ async def test_an_aiormq_without_what_batching_uses_fails_start_clearly(
     await transport.close()
 
 
+async def test_nothing_is_written_on_a_channel_the_broker_closed(
+    rabbitmq_url: str, channel: Any
+) -> None:
+    """When the broker closes the channel, aiormq forgets its number at once and marks it
+    closed a few turns later; publishes in between are not written (that would be a protocol
+    error closing the whole connection) but fail as unavailable, to be sent again."""
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("closing-channel", rabbitmq_url)
+    try:
+        await transport.start()
+        underlay = transport._underlay
+        connection = underlay.connection
+        forgotten = connection.channels.pop(underlay.number)  # as on the broker's Channel.Close
+        tag = underlay.delivery_tag
+        acknowledgement = await transport.publish(
+            OutgoingMessage(uuid.uuid4(), "/" + queue.name, b"not now")
+        )
+        with pytest.raises(TransportUnavailableError):
+            await asyncio.wait_for(acknowledgement, 10)
+        assert underlay.delivery_tag == tag  # nothing numbered, nothing written
+        connection.channels[underlay.number] = forgotten
+        again = OutgoingMessage(uuid.uuid4(), "/" + queue.name, b"now")
+        await asyncio.wait_for(await transport.publish(again), 30)
+        assert (await queue.declare()).message_count == 1
+    finally:
+        await transport.close()
+        await queue.delete(if_unused=False, if_empty=False)
+
+
 async def test_frames_wait_in_order_when_the_connection_writer_queue_is_full() -> None:
     """aiormq's writer queue is small; frames beyond it are handed over by one task, in order,
     and frames written meanwhile queue behind them."""
