@@ -9,9 +9,10 @@ Destinations are described in ``rabbitmq_routes``.
 Every message is persistent, published with ``mandatory=True`` (an unroutable message fails
 with a non-retryable SendError instead of being dropped), carries the outbox id as AMQP
 ``message_id`` and in the ``relayer-message-id`` header, and the ordering key in the
-``relayer-ordering-key`` header. Publishes are written on one channel in call order and many
-confirms may be outstanding; the publishes of one event-loop turn go out together, and the
-next turn's wait until that write has left the socket buffer (backpressure from the broker).
+``relayer-ordering-key`` header. Publishes are written on one channel in the order they are
+queued (a publish to an exchange not yet checked waits for the check) and many confirms may be
+outstanding. The publishes of one event-loop turn go out together (in writes of about 1 MiB),
+and a publish waits while the last write is still in the socket buffer (backpressure).
 RabbitMQ has no gapless guarantee, so ``pipelines_within_key`` is False: the relay waits for a
 key's confirm before publishing its next row.
 
@@ -201,11 +202,12 @@ class RabbitMQTransport:
         for name in headers:
             if len(name.encode()) > _MAX_HEADER_NAME_BYTES:
                 return _failed(SendError(_long_header_name(name), retryable=False))
-        headers[MESSAGE_ID_HEADER] = message.id_text
+        message_id = message.id_text
+        headers[MESSAGE_ID_HEADER] = message_id
         if message.key is not None:
             headers[ORDERING_KEY_HEADER] = message.key
         properties = spec.Basic.Properties(
-            delivery_mode=_PERSISTENT, message_id=message.id_text, headers=headers
+            delivery_mode=_PERSISTENT, message_id=message_id, headers=headers
         )
         try:
             payload = _marshal(underlay, route.exchange, routing_key, message.body, properties)
@@ -222,9 +224,7 @@ class RabbitMQTransport:
         settled: asyncio.Future[None] = loop.create_future()
         self._outstanding.add(settled)
         settled.add_done_callback(self._outstanding.discard)
-        self._queued.append(
-            _Queued(underlay, payload, message.id_text, route, routing_key, settled)
-        )
+        self._queued.append(_Queued(underlay, payload, message_id, route, routing_key, settled))
         self._queued_bytes += len(payload)
         if self._queued_bytes >= _WRITE_BYTES:
             self._flush()  # now: the next publish waits for this write to drain
