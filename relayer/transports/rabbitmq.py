@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import importlib.metadata
 import logging
@@ -195,9 +194,11 @@ class RabbitMQTransport:
         drained = self._drained
         if drained is not None and not drained.done():
             # Backpressure: the previous write is still in the socket's buffer (a slow or
-            # blocked broker); queue nothing more until it has gone out.
-            with contextlib.suppress(Exception):  # a lost connection: the flush sees it
-                await drained
+            # blocked broker); queue nothing more until it has gone out. Other publishes wait
+            # on the same future: asyncio.wait neither cancels it when this caller is
+            # cancelled (a batch deadline) nor raises its error (a lost connection, which the
+            # flush sees).
+            await asyncio.wait((drained,))
         headers: dict[str, Any] = dict(message.headers) if message.headers else {}
         for name in headers:
             if len(name.encode()) > _MAX_HEADER_NAME_BYTES:

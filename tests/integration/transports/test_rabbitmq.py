@@ -239,6 +239,50 @@ async def test_a_broker_that_stops_reading_makes_publish_wait(
         await queue.delete(if_unused=False, if_empty=False)
 
 
+async def test_a_publish_cancelled_while_waiting_for_the_broker_leaves_the_others_waiting(
+    rabbitmq_url: str, channel: Any
+) -> None:
+    """Publishes held back by backpressure share one wait; cancelling one of them (its batch's
+    deadline) must not cancel the others."""
+    proxy = await proxy_to(rabbitmq_url)
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("shared-wait", via(rabbitmq_url, proxy.port))
+    try:
+        await transport.start()
+        proxy.flowing.clear()
+        destination = "/" + queue.name
+        early: list[Any] = []
+
+        async def publish(body: bytes) -> Any:
+            return await transport.publish(OutgoingMessage(uuid.uuid4(), destination, body))
+
+        async def fill() -> None:  # until the socket buffers are full and publish waits
+            for _ in range(2_000):
+                early.append(await publish(b"x" * 100_000))
+
+        filling = asyncio.ensure_future(fill())
+        while True:
+            published = len(early)
+            await asyncio.sleep(0.5)
+            if len(early) == published:
+                break
+        cancelled = asyncio.ensure_future(publish(b"cancelled"))
+        waiting = asyncio.ensure_future(publish(b"waiting"))
+        await asyncio.sleep(0.5)
+        assert not cancelled.done() and not waiting.done()
+        cancelled.cancel()
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        proxy.flowing.set()
+        acknowledgement = await asyncio.wait_for(waiting, 30)
+        await asyncio.wait_for(filling, 60)
+        await asyncio.wait_for(asyncio.gather(acknowledgement, *early), 60)
+    finally:
+        await transport.close()
+        await proxy.stop()
+        await queue.delete(if_unused=False, if_empty=False)
+
+
 async def test_close_during_a_reconnect_sends_nothing_and_leaves_no_connection(
     rabbitmq_url: str, channel: Any
 ) -> None:
