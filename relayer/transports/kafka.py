@@ -53,6 +53,8 @@ _OWN_OPTIONS = ("close_timeout", "metadata_timeout")
 _POLL_SECONDS = 0.05
 # A missing topic is looked up again after this long, so a topic created meanwhile is found.
 _MISSING_TOPIC_SECONDS = 5.0
+# The first wait before rebuilding a producer again after a rebuild failed (then doubling).
+_REBUILD_RETRY_SECONDS = 1.0
 
 _Delivered = list[tuple[asyncio.Future[None], Any, Any]]
 ProducerFactory = Callable[[dict[str, Any]], Any]
@@ -100,6 +102,7 @@ class KafkaTransport:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._replaced = threading.Event()
+        self._rebuild_failures = 0
         self._stopped: asyncio.Future[None] | None = None
         self._delivered: _Delivered = []
         self._outstanding: set[asyncio.Future[None]] = set()
@@ -188,7 +191,7 @@ class KafkaTransport:
             if problem is not None:
                 future.set_exception(SendError(problem, retryable=False))
                 return future
-            generation = self._require_started()
+            self._require_same(generation)
         key = message.key
         if key is None:
             headers = [(MESSAGE_ID_HEADER, str(message.id))]
@@ -211,8 +214,12 @@ class KafkaTransport:
                     on_delivery=callback,
                 )
             except BufferError:
+                if len(generation.producer) == 0:
+                    # Refused with an empty queue: the message alone is over the queue's size.
+                    future.set_exception(SendError(_over_queue(message), retryable=False))
+                    return future
                 await self._wait_for_space()
-                generation = self._require_started()
+                self._require_same(generation)
                 continue
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
@@ -245,6 +252,14 @@ class KafkaTransport:
         self._generation = None
 
     # -- loop thread -----------------------------------------------------------------
+
+    def _require_same(self, generation: _Generation) -> None:
+        """After an await inside ``publish``: the producer it started with must still be the
+        current one. A rebuild meanwhile failed the key's earlier messages (they die with the
+        old producer), so this one must not go to the new producer ahead of their resend."""
+        current = self._require_started()
+        if current is not generation:
+            raise _rebuilding(generation.fatal or "the producer was replaced")
 
     def _require_started(self) -> _Generation:
         if self._generation is None or self._closed:
@@ -295,7 +310,23 @@ class KafkaTransport:
         self._outstanding.clear()
         if not self._closed:
             number = generation.number + 1
-            self._generation = _Generation(number, self._create_producer(number))
+            try:
+                producer = self._create_producer(number)
+            except Exception as exc:  # e.g. an unreadable certificate after a rotation
+                delay = min(_REBUILD_RETRY_SECONDS * 2**self._rebuild_failures, 30.0)
+                self._rebuild_failures += 1
+                logger.error(
+                    "Kafka transport %s could not rebuild its producer (%s); retrying in %g s",
+                    self._name,
+                    redact(str(exc)),
+                    delay,
+                    extra={"action": "transport_rebuild_failed", "error": redact(str(exc))},
+                )
+                # The dead producer stays current, so publishes fail as unavailable meanwhile.
+                asyncio.get_running_loop().call_later(delay, self._replace, generation)
+                return
+            self._rebuild_failures = 0
+            self._generation = _Generation(number, producer)
             logger.warning(
                 "Kafka transport %s rebuilt its producer after a fatal error: %s",
                 self._name,
@@ -436,6 +467,14 @@ def _record_delivery(
 def _finish(stopped: asyncio.Future[None] | None) -> None:
     if stopped is not None and not stopped.done():
         stopped.set_result(None)
+
+
+def _over_queue(message: OutgoingMessage) -> str:
+    return (
+        f"the message ({len(message.body):,} bytes of body) is larger than the producer's "
+        "local queue (queue.buffering.max.kbytes), so librdkafka can never accept it; raise "
+        "queue.buffering.max.kbytes above message.max.bytes"
+    )
 
 
 def _rebuilding(reason: str) -> TransportUnavailableError:

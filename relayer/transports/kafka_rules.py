@@ -60,6 +60,7 @@ def check_config(config: Mapping[str, Any], batch_deadline: timedelta | None) ->
                     "only with at most 5 requests in flight per connection",
                 )
     _check_timeout(settings, batch_deadline)
+    _check_queue_size(settings)
     settings.setdefault("allow.auto.create.topics", False)
     return settings
 
@@ -95,6 +96,22 @@ def _check_timeout(settings: dict[str, Any], batch_deadline: timedelta | None) -
                 f"so a shorter one lets a key's later message overtake an earlier one; use at "
                 f"least {2 * deadline_ms} or shorten lease_duration",
             )
+
+
+def _check_queue_size(settings: Mapping[str, Any]) -> None:
+    """librdkafka's local queue must hold the largest message, or such a message waits for
+    room that never comes."""
+    if "queue.buffering.max.kbytes" not in settings:
+        return
+    queue_kbytes = _integer("queue.buffering.max.kbytes", settings["queue.buffering.max.kbytes"])
+    largest = _integer("message.max.bytes", settings.get("message.max.bytes", 1_000_000))
+    if queue_kbytes * 1024 < largest:
+        raise TransportOptionError(
+            "queue.buffering.max.kbytes",
+            settings["queue.buffering.max.kbytes"],
+            f"must hold at least one message of message.max.bytes ({largest:,} bytes, "
+            f"{-(-largest // 1024):,} kbytes): a larger message could never be queued",
+        )
 
 
 def _integer(name: str, value: Any) -> int:

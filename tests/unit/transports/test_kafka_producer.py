@@ -39,6 +39,9 @@ class FakeProducer:
         self.fatal_reported = False
         registry.append(self)
 
+    def __len__(self) -> int:
+        return len(self.queue)
+
     def produce(self, topic: str, value: bytes, key: bytes | None, **kwargs: Any) -> None:
         with self.lock:
             if self.fatal is not None:
@@ -77,17 +80,42 @@ class FakeProducer:
         return FakeMetadata(topic)
 
 
+def fake_transport(
+    producers: list[FakeProducer], fail_calls: frozenset[int] = frozenset()
+) -> KafkaTransport:
+    """A transport whose producers are fakes; the factory raises on the calls numbered in
+    ``fail_calls`` (0 is the first)."""
+    calls = 0
+
+    def factory(config: dict[str, Any]) -> FakeProducer:
+        nonlocal calls
+        calls += 1
+        if calls - 1 in fail_calls:
+            raise OSError("ssl.ca.location: no such file")
+        return FakeProducer(config, producers)
+
+    return KafkaTransport(
+        "kafka",
+        {"bootstrap.servers": "fake:9092", "sasl.password": "hunter2"},
+        producer_factory=factory,
+    )
+
+
 @pytest.fixture
 async def kafka() -> AsyncIterator[tuple[KafkaTransport, list[FakeProducer]]]:
     producers: list[FakeProducer] = []
-    transport = KafkaTransport(
-        "kafka",
-        {"bootstrap.servers": "fake:9092", "sasl.password": "hunter2"},
-        producer_factory=lambda config: FakeProducer(config, producers),
-    )
+    transport = fake_transport(producers)
     await transport.start()
     yield transport, producers
     await transport.close()
+
+
+async def until(condition: Callable[[], bool], seconds: float = 10) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
 
 
 def message(key: str = "a", topic: str = "orders") -> OutgoingMessage:
@@ -122,15 +150,23 @@ async def test_a_missing_topic_fails_without_producing(kafka: Any) -> None:
     assert producers[0].queue == []
 
 
+async def full_queue(
+    transport: KafkaTransport, producer: FakeProducer
+) -> tuple[list[Any], asyncio.Future[Any]]:
+    """Two messages held in a queue of two, and a third publish waiting for room."""
+    producer.deliver = False
+    producer.capacity = 2
+    held = [await transport.publish(message()) for _ in range(2)]
+    waiting = asyncio.ensure_future(transport.publish(message()))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # publish waits for space instead of failing
+    return held, waiting
+
+
 async def test_a_full_local_queue_is_backpressure(kafka: Any) -> None:
     transport, producers = kafka
     producer = producers[0]
-    producer.deliver = False
-    producer.capacity = 2
-    first = [await transport.publish(message()) for _ in range(2)]
-    blocked = asyncio.ensure_future(transport.publish(message()))
-    await asyncio.sleep(0.05)
-    assert not blocked.done()  # publish waits for space instead of failing
+    first, blocked = await full_queue(transport, producer)
     producer.deliver = True
     third = await asyncio.wait_for(blocked, 10)
     assert [await settle(a) for a in [*first, third]] == [None] * 3
@@ -161,3 +197,45 @@ async def test_close_flushes_everything(kafka: Any) -> None:
     acknowledgements = [await transport.publish(message()) for _ in range(5)]
     await transport.close()
     assert all(a.done() and a.exception() is None for a in acknowledgements)
+
+
+async def test_a_rebuild_while_a_publish_waits_for_space_fails_that_publish(kafka: Any) -> None:
+    """The waiting message's key lost its earlier messages with the old producer: it must not
+    go to the new producer ahead of their resend (the broker would get them out of order)."""
+    transport, producers = kafka
+    old = producers[0]
+    earlier, waiting = await full_queue(transport, old)
+    with old.lock:
+        old.fatal = KafkaError(KafkaError._FATAL, "idempotence broke", fatal=True)
+    errors = [await settle(a) for a in [*earlier, waiting]]
+    assert all(isinstance(error, TransportUnavailableError) for error in errors), errors
+    await until(lambda: len(producers) == 2)
+    assert producers[1].queue == []  # nothing of that key reached the new producer
+
+
+async def test_a_failed_rebuild_is_tried_again(caplog: pytest.LogCaptureFixture) -> None:
+    producers: list[FakeProducer] = []
+    transport = fake_transport(producers, fail_calls=frozenset({1}))
+    await transport.start()
+    try:
+        old = producers[0]
+        old.deliver = False
+        outstanding = await transport.publish(message())
+        with old.lock:
+            old.fatal = KafkaError(KafkaError._FATAL, "idempotence broke", fatal=True)
+        assert isinstance(await settle(outstanding), TransportUnavailableError)
+        with pytest.raises(TransportUnavailableError):  # the dead producer is still current
+            await (await transport.publish(message()))
+        await until(lambda: len(producers) == 2)  # the second attempt, a second later
+        assert "could not rebuild its producer" in caplog.text
+        assert await settle(await transport.publish(message())) is None
+    finally:
+        await transport.close()
+
+
+async def test_a_message_larger_than_the_local_queue_fails_alone(kafka: Any) -> None:
+    transport, producers = kafka
+    producers[0].capacity = 0  # refused though nothing is queued: it can never fit
+    error = await settle(await transport.publish(message()))
+    assert isinstance(error, SendError) and not error.retryable
+    assert "queue.buffering.max.kbytes" in str(error)

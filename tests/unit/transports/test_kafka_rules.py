@@ -48,6 +48,7 @@ def test_a_long_deadline_raises_the_default_timeout() -> None:
         ("error_cb", "x", "set by relayer"),
         ("message.timeout.ms", 10_000, "greater than the relay's batch deadline (15000 ms"),
         ("delivery.timeout.ms", "15000", "use at least 30000"),
+        ("queue.buffering.max.kbytes", 900, "at least one message of message.max.bytes (1,000,000"),
     ],
 )
 def test_unsafe_settings_are_refused(name: str, value: Any, words: str) -> None:
@@ -61,6 +62,11 @@ def test_unsafe_settings_are_refused(name: str, value: Any, words: str) -> None:
 def test_timeouts_above_the_deadline_or_infinite_are_accepted() -> None:
     assert check_config({**BASE, "message.timeout.ms": 20_000}, timedelta(seconds=15))
     assert check_config({**BASE, "message.timeout.ms": 0}, timedelta(seconds=15))
+
+
+def test_a_local_queue_that_holds_the_largest_message_is_accepted() -> None:
+    assert check_config({**BASE, "queue.buffering.max.kbytes": 977}, None)
+    assert check_config({**BASE, "queue.buffering.max.kbytes": 1, "message.max.bytes": 1024}, None)
 
 
 def test_bootstrap_servers_are_required() -> None:
