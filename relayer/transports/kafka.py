@@ -403,9 +403,10 @@ class KafkaTransport:
                     break
                 try:
                     generation.producer.poll(_POLL_SECONDS)
-                except KafkaException as exc:
-                    # A fatal error can also surface as an exception from poll() itself: the
-                    # thread must live on and rebuild the producer, or no ack ever resolves.
+                except Exception as exc:
+                    # A fatal error can also surface as an exception from poll() itself (and
+                    # anything unexpected is treated alike): the thread must live on and
+                    # rebuild the producer, or no ack ever resolves.
                     self._mark_fatal(generation, exc)
                 self._hand_over(loop)
                 self._watch_for_stall(generation)

@@ -37,6 +37,7 @@ class FakeProducer:
         self.capacity = 1_000_000
         self.fatal: KafkaError | None = None
         self.fatal_reported = False
+        self.crash: BaseException | None = None
         registry.append(self)
 
     def __len__(self) -> int:
@@ -51,6 +52,9 @@ class FakeProducer:
             self.queue.append((value, kwargs["on_delivery"]))
 
     def poll(self, timeout: float) -> int:
+        if self.crash is not None:
+            crash, self.crash = self.crash, None
+            raise crash
         with self.lock:
             if self.fatal is not None and not self.fatal_reported:
                 self.fatal_reported = True
@@ -239,3 +243,16 @@ async def test_a_message_larger_than_the_local_queue_fails_alone(kafka: Any) -> 
     error = await settle(await transport.publish(message()))
     assert isinstance(error, SendError) and not error.retryable
     assert "queue.buffering.max.kbytes" in str(error)
+
+
+async def test_an_unexpected_error_in_poll_rebuilds_instead_of_stopping_the_thread(
+    kafka: Any,
+) -> None:
+    transport, producers = kafka
+    old = producers[0]
+    old.deliver = False
+    outstanding = await transport.publish(message())
+    old.crash = RuntimeError("a bug in a callback")
+    assert isinstance(await settle(outstanding), TransportUnavailableError)
+    await until(lambda: len(producers) == 2)
+    assert await settle(await transport.publish(message())) is None
