@@ -23,8 +23,10 @@ _KEYWORD_SECRET = re.compile(
     re.IGNORECASE,
 )
 
+# Generous on purpose: a misspelled name (sasl.passowrd, client.secert) is masked as well, since
+# the error that reports the misspelling shows the settings.
 _SECRET_NAME = re.compile(
-    r"(password|passwd|secret|token|credential|private[._-]?key|api[._-]?key|"
+    r"(pass|pasw|secr|secer|token|credential|private[._-]?key|api[._-]?key|"
     r"sasl\.oauthbearer\.config|ssl\.key\.pem|ssl\.keystore)",
     re.IGNORECASE,
 )

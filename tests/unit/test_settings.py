@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from relayer.errors import ConfigurationError
-from relayer.redact import redact
+from relayer.redact import is_secret_name, redact, redact_mapping
 from relayer.settings import load_settings, store_settings
 
 HOSTILE_IDENTIFIERS = [
@@ -279,3 +279,21 @@ def test_backoffs_are_bounded() -> None:
     error = error_of(retry_backoff="8d", retry_backoff_max="9d")
     assert error.field == "stores.orders.retry_backoff"
     assert "at most 7 days" in error.rule
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["sasl.password", "sasl.passowrd", "sasl.pasword", "ssl.key.password", "client.secert",
+     "sasl.oauthbearer.client.secret", "api_key", "ssl.keystore.location", "access_token"],
+)  # fmt: skip
+def test_secret_setting_names_are_masked_even_misspelled(name: str) -> None:
+    assert is_secret_name(name)
+    assert redact_mapping({name: "hunter2", "bootstrap.servers": "k:9092"}) == {
+        name: "***",
+        "bootstrap.servers": "k:9092",
+    }
+
+
+@pytest.mark.parametrize("name", ["bootstrap.servers", "linger.ms", "sasl.mechanisms", "acks"])
+def test_ordinary_setting_names_are_shown(name: str) -> None:
+    assert not is_secret_name(name)
