@@ -151,3 +151,17 @@ def test_topic_lookup_results() -> None:
     assert "create it" in (topic_error("orders", missing) or "")
     denied = FakeMetadata(orders=FakeTopic(FakeError("TOPIC_AUTHORIZATION_FAILED")))
     assert "DESCRIBE and WRITE" in (topic_error("orders", denied) or "")
+
+
+async def test_a_misspelled_secret_is_masked_in_librdkafkas_refusal() -> None:
+    from relayer.transports.kafka import KafkaTransport
+
+    settings = {"bootstrap.servers": "127.0.0.1:1", "sasl.passowrd": "hunter2"}
+    transport = KafkaTransport("k", settings)
+    try:
+        with pytest.raises(ConfigurationError) as caught:
+            await transport.start()
+    finally:
+        await transport.close()
+    assert 'No such configuration property: "sasl.passowrd"' in str(caught.value)
+    assert "hunter2" not in str(caught.value) and "hunter2" not in repr(transport)
