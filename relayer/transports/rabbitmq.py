@@ -269,7 +269,8 @@ class RabbitMQTransport:
         return route
 
     def _flush(self) -> None:
-        """Write every publish queued in this event-loop turn as one write, in call order.
+        """Write every publish queued in this event-loop turn, in order, in writes of about
+        1 MiB.
 
         Only this transport writes on its publishing channel, so taking the next delivery tags
         and registering their confirmations here (with no await in between) numbers the
@@ -294,12 +295,13 @@ class RabbitMQTransport:
         )
         for item in queued:
             if not usable or item.underlay is not underlay:
-                self._settle_lost(item)
+                lost = _lost(item.route, ConnectionError("channel closed"))
+                self._settle_unwritten(item, lost)
                 continue
             if item.message_id in underlay.message_id_delivery_tag:
                 # A basic.return names the message by its id: with two copies unconfirmed, a
                 # return could fail the wrong one. The earlier copy settles first.
-                self._settle_duplicate(item)
+                self._settle_unwritten(item, _still_unconfirmed(item.message_id))
                 continue
             underlay.delivery_tag += 1
             tag = underlay.delivery_tag
@@ -382,21 +384,11 @@ class RabbitMQTransport:
         else:  # a lost channel/connection fails every outstanding confirm
             item.settled.set_exception(_lost(route, error))
 
-    def _settle_duplicate(self, item: _Queued) -> None:
+    def _settle_unwritten(self, item: _Queued, error: Exception) -> None:
+        """A queued publish that is not written: its slot back, ``error`` to the relay."""
         self._slots.release()
         if not item.settled.done():
-            item.settled.set_exception(
-                SendError(
-                    f"an earlier copy of message {item.message_id} is still waiting for "
-                    "RabbitMQ's confirm; this copy will be sent again after it"
-                )
-            )
-
-    def _settle_lost(self, item: _Queued) -> None:
-        """A queued publish whose channel went away before it was written."""
-        self._slots.release()
-        if not item.settled.done():
-            item.settled.set_exception(_lost(item.route, ConnectionError("channel closed")))
+            item.settled.set_exception(error)
 
     async def _ensure_channel(self, *, force: bool) -> Any:
         """The publishing channel, reconnecting when it or its connection was lost."""
@@ -560,6 +552,13 @@ def _marshal(
     ]
     frames.extend(ContentBody(body[start : start + size]) for start in range(0, len(body), size))
     return b"".join(pamqp.frame.marshal(frame, channel) for frame in frames)
+
+
+def _still_unconfirmed(message_id: str) -> SendError:
+    return SendError(
+        f"an earlier copy of message {message_id} is still waiting for RabbitMQ's confirm; "
+        "this copy will be sent again after it"
+    )
 
 
 def _lost(route: Route, error: BaseException) -> TransportUnavailableError:
