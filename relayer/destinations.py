@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from relayer.errors import RelayerError
-from relayer.transports.base import Transport
+from relayer.transports.base import Transport, TransportUnavailableError
 
 CAPACITY = 256
 
@@ -33,13 +33,16 @@ class DestinationCache:
         return entry in self._ordered
 
     async def require_ordered(self, transport: Transport, destination: str) -> None:
-        """Return if ``destination`` keeps per-key order; PreparationError otherwise."""
+        """Return if ``destination`` keeps per-key order; PreparationError otherwise, or the
+        transport's TransportUnavailableError when its broker cannot be reached."""
         entry = (transport.name, destination)
         if entry in self._ordered:
             return
         self.lookups += 1
         try:
             ordered = await transport.ordered_by_key(destination)
+        except TransportUnavailableError:
+            raise  # the broker cannot be reached: not the row's fault, no attempt counted
         except RelayerError as exc:
             raise PreparationError(
                 f"cannot check destination {destination!r} of transport {transport.name!r}: "

@@ -165,14 +165,26 @@ class BatchSender:
             message = row.message
             try:
                 transport = self.resolve(row)
-                if transport.name in self._down:
-                    self._unavailable(index, transport.name, None)
-                    continue
-                if (transport.name, message.destination) not in self.destinations:
-                    await self.destinations.require_ordered(transport, message.destination)
             except PreparationError as exc:
                 self._fail(index, str(exc), permanent=False)
                 continue
+            if transport.name in self._down:
+                self._unavailable(index, transport.name, None)
+                continue
+            if (transport.name, message.destination) not in self.destinations:
+                try:
+                    await self.destinations.require_ordered(transport, message.destination)
+                except PreparationError as exc:
+                    self._fail(index, str(exc), permanent=False)
+                    continue
+                except TransportError as exc:  # its broker cannot be reached: not the row's
+                    self._unavailable(index, transport.name, exc)
+                    continue
+                except Exception as exc:  # a plug-in's bug must park only this row's key
+                    # (a TimeoutError here is the lookup's own, never the batch deadline: that
+                    # reaches this loop as a cancellation)
+                    self._fail(index, f"{type(exc).__name__}: {exc}", permanent=False)
+                    continue
             self._publishing = index
             try:
                 acknowledgement = await transport.publish(message)

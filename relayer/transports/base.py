@@ -94,7 +94,8 @@ class Transport(Protocol):
         ...
 
     async def ordered_by_key(self, destination: str) -> bool:
-        """Whether ``destination`` keeps per-key order natively (DestinationError if unknown)."""
+        """Whether ``destination`` keeps per-key order natively (DestinationError if unknown,
+        TransportUnavailableError if the broker cannot be reached to tell)."""
         ...
 
     async def publish(self, message: OutgoingMessage) -> Awaitable[None]:

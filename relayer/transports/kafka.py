@@ -172,10 +172,7 @@ class KafkaTransport:
 
     async def ordered_by_key(self, destination: str) -> bool:
         """True once metadata shows the topic exists: Kafka keeps order per key natively."""
-        try:
-            problem = await self._lookup_topic(destination)
-        except TransportUnavailableError as exc:
-            raise DestinationError(str(exc)) from exc
+        problem = await self._lookup_topic(destination)  # unreachable: TransportUnavailableError
         if problem is not None:
             raise DestinationError(problem)
         return True

@@ -160,11 +160,8 @@ class RabbitMQTransport:
         route = self._route(destination)
         if isinstance(route, str):
             raise DestinationError(route)
-        try:
-            await self._ensure_channel(force=True)
-            problem = await self._check_exists(route)
-        except TransportUnavailableError as exc:
-            raise DestinationError(str(exc)) from exc
+        await self._ensure_channel(force=True)  # unreachable: TransportUnavailableError
+        problem = await self._check_exists(route)
         if problem is not None:
             raise DestinationError(problem)
         if route.queue is not None:

@@ -131,6 +131,55 @@ async def test_a_lane_left_out_of_the_admission_window_is_due_again_at_once(
     await transport.close()
 
 
+class FailingLookup(MemoryTransport):
+    """A memory transport whose destination lookups for ``bad`` raise ``error``."""
+
+    def __init__(self, name: str, bad: str, error: Exception) -> None:
+        super().__init__(name)
+        self.bad, self.error = bad, error
+
+    async def ordered_by_key(self, destination: str) -> bool:
+        if destination == self.bad:
+            raise self.error
+        return await super().ordered_by_key(destination)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("plug-in bug"), TimeoutError()])
+async def test_a_lookup_that_crashes_parks_only_its_key(
+    relay_store: StoreSettings, error: Exception
+) -> None:
+    """A plug-in's bug (any exception, a TimeoutError included) in ordered_by_key parks the
+    row's key; the lane's other keys are sent and deleted, the batch commits."""
+    bad_key, good_key = keys_in_lane(relay_store, 1, 2)
+    write(relay_store, [bad_key], destination="broken")
+    write(relay_store, [good_key], per_key=2)
+    transport = FailingLookup("memory", "broken", error)
+    await transport.start()
+    relay = LaneRelay(relay_store, {"memory": transport}, MEMBER)
+    result = await send(relay, 1)
+    await transport.close()
+    assert result.failed == 1 and result.sent == 2 and result.scan is Scan.SENT
+    assert list(parked(relay_store)) == [bad_key]
+    assert pending(relay_store) == 1  # only the bad key's row is left
+
+
+async def test_an_unreachable_broker_during_a_lookup_counts_no_attempt(
+    relay_store: StoreSettings,
+) -> None:
+    from relayer.transports.base import TransportUnavailableError
+
+    write(relay_store, keys_in_lane(relay_store, 1, 2))
+    transport = FailingLookup("memory", "events", TransportUnavailableError("broker down"))
+    await transport.start()
+    relay = LaneRelay(relay_store, {"memory": transport}, MEMBER)
+    for _ in range(3):
+        result = await send(relay, 1)
+        assert result.scan is Scan.UNAVAILABLE and result.failed == 0
+    assert parked(relay_store) == {}  # no attempt counted: nothing parked, nothing given up
+    assert pending(relay_store) == 2
+    await transport.close()
+
+
 async def test_batch_size_bounds_each_batch(
     relay_store: StoreSettings, memory: MemoryTransport
 ) -> None:
