@@ -124,7 +124,10 @@ class BatchSender:
                 # awaits yield to the event loop.
                 self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), remaining)
+                    # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation (the
+                    # worker stopping) that arrives in the turn the event is set.
+                    async with asyncio.timeout(remaining):
+                        await self._wake.wait()
                 except TimeoutError:
                     break
         finally:
