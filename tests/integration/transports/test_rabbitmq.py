@@ -92,6 +92,14 @@ async def channel(rabbitmq_url: str) -> AsyncIterator[Any]:
     await connection.close()
 
 
+async def cleanup(transport: RabbitMQTransport, queue: Any, proxy: Proxy | None = None) -> None:
+    """A test's end: close the transport, stop the proxy, delete the queue."""
+    await transport.close()
+    if proxy is not None:
+        await proxy.stop()
+    await queue.delete(if_unused=False, if_empty=False)
+
+
 async def fresh_queue(channel: Any, **arguments: Any) -> Any:
     return await channel.declare_queue(unique("queue"), durable=True, arguments=arguments or None)
 
@@ -120,9 +128,7 @@ async def test_a_lost_connection_fails_outstanding_confirms_and_reconnects(
         again = OutgoingMessage(uuid.uuid4(), destination, b"again", key="k")
         await asyncio.wait_for(await transport.publish(again), 30)
     finally:
-        await transport.close()
-        await proxy.stop()
-        await queue.delete(if_unused=False, if_empty=False)
+        await cleanup(transport, queue, proxy)
 
 
 async def test_publishes_of_one_turn_arrive_whole_in_order_with_large_and_empty_bodies(
@@ -156,8 +162,7 @@ async def test_publishes_of_one_turn_arrive_whole_in_order_with_large_and_empty_
         assert [r.headers["n"] for r in received] == [str(i) for i in range(len(bodies))]
         assert [r.headers["relayer-message-id"] for r in received] == [m.id_text for m in messages]
     finally:
-        await transport.close()
-        await queue.delete(if_unused=False, if_empty=False)
+        await cleanup(transport, queue)
 
 
 async def test_a_message_amqp_cannot_encode_fails_alone(rabbitmq_url: str, channel: Any) -> None:
@@ -176,8 +181,7 @@ async def test_a_message_amqp_cannot_encode_fails_alone(rabbitmq_url: str, chann
         assert isinstance(results[1], SendError) and not results[1].retryable
         assert "cannot encode" in str(results[1])
     finally:
-        await transport.close()
-        await queue.delete(if_unused=False, if_empty=False)
+        await cleanup(transport, queue)
 
 
 async def test_a_second_copy_of_an_unconfirmed_message_waits_for_the_first(
@@ -204,8 +208,7 @@ async def test_a_second_copy_of_an_unconfirmed_message_waits_for_the_first(
         await asyncio.wait_for(await transport.publish(to_queue), 30)
         assert (await queue.declare()).message_count == 1
     finally:
-        await transport.close()
-        await queue.delete(if_unused=False, if_empty=False)
+        await cleanup(transport, queue)
 
 
 async def test_a_broker_that_stops_reading_makes_publish_wait(
@@ -234,9 +237,7 @@ async def test_a_broker_that_stops_reading_makes_publish_wait(
         await asyncio.wait_for(publishing, 60)
         await asyncio.wait_for(asyncio.gather(*acknowledgements), 60)
     finally:
-        await transport.close()
-        await proxy.stop()
-        await queue.delete(if_unused=False, if_empty=False)
+        await cleanup(transport, queue, proxy)
 
 
 async def test_a_publish_cancelled_while_waiting_for_the_broker_leaves_the_others_waiting(
@@ -278,9 +279,7 @@ async def test_a_publish_cancelled_while_waiting_for_the_broker_leaves_the_other
         await asyncio.wait_for(filling, 60)
         await asyncio.wait_for(asyncio.gather(acknowledgement, *early), 60)
     finally:
-        await transport.close()
-        await proxy.stop()
-        await queue.delete(if_unused=False, if_empty=False)
+        await cleanup(transport, queue, proxy)
 
 
 async def test_close_during_a_reconnect_sends_nothing_and_leaves_no_connection(
@@ -361,8 +360,7 @@ async def test_nothing_is_written_on_a_channel_the_broker_closed(
         await asyncio.wait_for(await transport.publish(again), 30)
         assert (await queue.declare()).message_count == 1
     finally:
-        await transport.close()
-        await queue.delete(if_unused=False, if_empty=False)
+        await cleanup(transport, queue)
 
 
 async def test_frames_wait_in_order_when_the_connection_writer_queue_is_full() -> None:
