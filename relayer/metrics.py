@@ -22,7 +22,6 @@ from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from uuid import UUID
 
 import psycopg
 
@@ -61,8 +60,9 @@ class Histogram:
         self.count += 1
         self.total += value
 
-    def observe_ages(self, ids: Sequence[UUID], now_ms: int) -> None:
-        """Record, for each UUIDv7 of ``ids`` (ascending), its age in seconds at ``now_ms``.
+    def observe_ages(self, ids: Sequence[str], now_ms: int) -> None:
+        """Record, for each UUIDv7 of ``ids`` (ascending canonical text), its age in seconds at
+        ``now_ms``.
 
         Ages fall as ids rise, so each bucket's count is one binary search: O(buckets * log n)
         per batch instead of a search per row; the sum still reads each id's timestamp once.
@@ -73,12 +73,14 @@ class Histogram:
         at_most_previous = 0
         for index, bound in enumerate(self.bounds):
             oldest_inside = now_ms - int(bound * 1000)  # ids written at or after it are <= bound
-            at_most = count - bisect_left(ids, UUID(int=max(oldest_inside, 0) << 80))
+            at_most = count - bisect_left(ids, _uuid7_floor(max(oldest_inside, 0)))
             self.counts[index] += at_most - at_most_previous
             at_most_previous = at_most
         self.counts[-1] += count - at_most_previous
         self.count += count
-        self.total += (count * now_ms - sum([value.int >> 80 for value in ids])) / 1000
+        # The 48-bit millisecond timestamp is the first 12 hex digits (a dash after 8).
+        written = sum([int(text[:8] + text[9:13], 16) for text in ids])
+        self.total += (count * now_ms - written) / 1000
 
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative (le, count) pairs ending with +Inf, as Prometheus exposes them."""
@@ -88,6 +90,11 @@ class Histogram:
             running += count
             pairs.append((_go_float(bound), running))
         return pairs
+
+
+def _uuid7_floor(ms: int) -> str:
+    """The smallest UUIDv7 text written at millisecond ``ms`` (compares like the UUIDs)."""
+    return f"{ms >> 16 & 0xFFFFFFFF:08x}-{ms & 0xFFFF:04x}-0000-0000-000000000000"
 
 
 def _go_float(bound: float) -> str:

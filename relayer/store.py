@@ -6,22 +6,25 @@ driver rows travel further. Statements live in ``relayer/sql/relay.sql``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
-from relayer.errors import FencedWriteError
+from relayer.errors import FencedWriteError, StoreError
+from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.transports.base import OutgoingMessage
+from relayer.transports.base import OutboundBatch
 
-# The SQLSTATE pg_temp.relayer_fence_check raises (relay.sql).
-FENCE_LOST = "RL001"
+# How the outcome statement's fence refuses to commit (relay.sql): it casts a text that starts
+# with this mark to an integer, which fails with the text in the message. A plain SQL statement
+# has no other way to raise; a function would need the TEMP privilege or a schema object.
+FENCE_MARK = "relayer-fence: "
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,28 +40,56 @@ class LaneHead:
     lease_left: float
 
 
+class LaneRows:
+    """The rows one batch read under its lanes' locks, as columns, in (lane, id) order.
+
+    ``batch`` holds what a transport gets (ids as UUID text, keys, destinations, bodies,
+    headers); beside it each row's lane, the transport it names (None: the store's default)
+    and whether it is future-dated. Columns, not an object per row: a batch reads thousands
+    of rows, and an object each cost more than sending them.
+    """
+
+    __slots__ = ("batch", "future", "lanes", "transports")
+
+    def __init__(
+        self,
+        lanes: Sequence[int],
+        batch: OutboundBatch,
+        transports: Sequence[str | None],
+        future: Sequence[bool],
+    ) -> None:
+        self.lanes = lanes
+        self.batch = batch
+        self.transports = transports
+        self.future = future
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[Any]]) -> LaneRows:
+        """From ``read_batch``'s rows: lane, id text, key, transport, destination, body,
+        headers (JSON text, or None when empty), future."""
+        if not rows:
+            return _NO_ROWS
+        lanes, ids, keys, transports, destinations, bodies, headers, future = zip(
+            *rows, strict=True
+        )
+        if any(headers):
+            headers = tuple(None if text is None else json.loads(text) for text in headers)
+        batch = OutboundBatch(ids, keys, destinations, bodies, headers)
+        return cls(lanes, batch, transports, future)
+
+
 @dataclass(frozen=True, slots=True)
-class PendingRow:
-    """One ordered outbox row read under its lane's lock: its lane, the message as a
-    transport gets it, the transport it names (None: the store's default) and whether it is
-    future-dated."""
+class RowFailure:
+    """A failed head row of a lane batch: its lane and id (UUID text), the error to record and
+    whether retrying can help."""
 
     lane: int
-    message: OutgoingMessage
-    transport: str | None
-    future: bool
-
-    @property
-    def id(self) -> UUID:
-        return self.message.id
-
-    @property
-    def key(self) -> str:
-        return self.message.key or ""
-
-    @property
-    def destination(self) -> str:
-        return self.message.destination
+    id: str
+    error: str
+    permanent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +169,7 @@ class RelayStore:
         member: str,
         token: UUID,
         limit: int,
-    ) -> tuple[dict[int, UUID], list[PendingRow]]:
+    ) -> tuple[dict[int, UUID], LaneRows]:
         """Take the leases of ``lanes`` (row-locked until the transaction ends) and read at
         most ``limit`` head rows of each lane taken.
 
@@ -156,18 +187,21 @@ class RelayStore:
         # One round trip (the transaction's BEGIN travels with them), but two statements: the
         # read takes its snapshot after the locks were granted, so it sees what a previous
         # holder of a lane committed just before.
-        async with conn.pipeline():
-            await conn.execute(self.queries["batch_settings"])
-            locked = await conn.execute(self.queries["lock_lanes"], params)
-            read = await conn.execute(self.queries["read_batch"], params, binary=True)
-        tokens = {int(lane): lane_token for lane, lane_token in await locked.fetchall()}
-        if not tokens:
-            return tokens, []
-        return tokens, [
-            _pending(values[0], values[1:])
-            for values in await read.fetchall()
-            if values[0] in tokens
-        ]
+        try:
+            async with conn.pipeline():
+                await conn.execute(self.queries["batch_settings"])
+                locked = await conn.execute(self.queries["lock_lanes"], params)
+                read = await conn.execute(self.queries["read_batch"], params, binary=True)
+            tokens = {int(lane): lane_token for lane, lane_token in await locked.fetchall()}
+            if not tokens:
+                return tokens, _NO_ROWS
+            rows = await read.fetchall()
+        except psycopg.Error as exc:
+            raise _trouble(self.store, "lock and read lanes", exc) from exc
+        if len(tokens) < len(lanes):
+            # A lane this member holds but whose lock another of its batches has: not ours now.
+            rows = [row for row in rows if row[0] in tokens]
+        return tokens, LaneRows.from_rows(rows)
 
     async def end_unchanged(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """End a batch transaction that sent nothing: it commits, keeping the lease renewals of
@@ -177,12 +211,14 @@ class RelayStore:
         transaction rolls back (and deallocates them on the server), so scans that find nothing
         would make the busy lanes' statements be parsed and planned again.
         """
-        await conn.commit()
+        try:
+            await conn.commit()
+        except psycopg.Error as exc:
+            raise _trouble(self.store, "commit", exc) from exc
 
-    async def prepare_connection(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Create the fence check ``record_outcomes`` calls (once per connection)."""
-        await conn.execute(self.queries["fence_check_function"])
-        await conn.commit()
+    async def abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Roll back after trouble; a connection in doubt is closed (the pool replaces it)."""
+        await abandon(conn)
 
     async def record_outcomes(
         self,
@@ -190,10 +226,12 @@ class RelayStore:
         *,
         member: str,
         tokens: Mapping[int, UUID],
-        acked: Sequence[PendingRow],
-        failures: Sequence[tuple[PendingRow, Failure]],
+        acked: Sequence[str],
+        acked_lanes: Sequence[int],
+        failures: Sequence[RowFailure],
     ) -> Outcomes:
-        """Delete acknowledged rows, park failed keys and commit, in one round trip.
+        """Delete acknowledged rows (ids as UUID text, with their lanes), park failed keys and
+        commit, in one round trip.
 
         Fenced by the lease token of every lane in ``tokens``: if a lease did not hold or a row
         was not there to delete, the statement raises FencedWriteError and nothing commits (the
@@ -204,12 +242,12 @@ class RelayStore:
             "lanes": lanes,
             "tokens": [tokens[lane] for lane in lanes],
             "member": member,
-            "acked_lanes": [row.lane for row in acked],
-            "acked": [row.id for row in acked],
-            "failed_lanes": [row.lane for row, _ in failures],
-            "failed": [failure.id for _, failure in failures],
-            "errors": [failure.error for _, failure in failures],
-            "permanent": [failure.permanent for _, failure in failures],
+            "acked_lanes": list(acked_lanes),
+            "acked": list(acked),
+            "failed_lanes": [failure.lane for failure in failures],
+            "failed": [failure.id for failure in failures],
+            "errors": [failure.error for failure in failures],
+            "permanent": [failure.permanent for failure in failures],
             "max_attempts": self.store.max_attempts,
             "backoff": self.store.retry_backoff,
             "backoff_max": self.store.retry_backoff_max,
@@ -220,25 +258,40 @@ class RelayStore:
                 cursor = await conn.execute(self.queries["record_outcomes"], params)
                 await conn.commit()
         except psycopg.Error as exc:
-            if exc.sqlstate == FENCE_LOST:
-                raise FencedWriteError(exc.diag.message_primary or str(exc)) from exc
-            raise
+            lost = _fence_lost(exc)
+            if lost is not None:
+                raise FencedWriteError(lost) from exc
+            raise _trouble(self.store, "record outcomes", exc) from exc
         row = await cursor.fetchone()
         assert row is not None
         deleted, failed, gave_up, unparked, _ = row
         return Outcomes(int(deleted), int(failed), tuple(gave_up), int(unparked))
 
 
-_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+async def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Roll back after trouble; a connection in doubt is closed (the pool replaces it)."""
+    try:
+        if conn.broken or conn.closed:
+            return
+        async with asyncio.timeout(2):
+            await conn.rollback()
+    except (psycopg.Error, TimeoutError, OSError):
+        await conn.close()
 
 
-def _pending(lane: int, values: Sequence[Any]) -> PendingRow:
-    message_id, key, transport, destination, body, headers, future = values
-    message = OutgoingMessage(
-        message_id,
-        destination,
-        body,
-        key,
-        _NO_HEADERS if headers == "{}" else json.loads(headers),
-    )
-    return PendingRow(lane, message, transport, future)
+def _trouble(store: StoreSettings, doing: str, exc: psycopg.Error) -> StoreError:
+    return StoreError(f"store {store.name!r}: {doing} failed: {redact(str(exc)).strip()}")
+
+
+def _fence_lost(exc: psycopg.Error) -> str | None:
+    """The fence's own words if ``exc`` is the outcome statement refusing to commit."""
+    if not isinstance(exc, psycopg.errors.InvalidTextRepresentation):
+        return None
+    text = exc.diag.message_primary or ""
+    start = text.find(FENCE_MARK)
+    if start < 0:
+        return None
+    return text[start + len(FENCE_MARK) :].rstrip('"')
+
+
+_NO_ROWS = LaneRows((), OutboundBatch((), (), (), (), ()), (), ())

@@ -33,10 +33,9 @@ import psycopg
 
 from relayer.errors import FencedWriteError, TransportError
 from relayer.redact import redact
-from relayer.relay import abandon
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.store import Failure
+from relayer.store import Failure, abandon
 from relayer.transports.base import OutgoingMessage, SendError, Transport
 
 logger = logging.getLogger(__name__)

@@ -244,7 +244,12 @@ class StoreRuntime:
         # An empty lane or one a batch drained waits for a notification or the next poll.
         quiet = result.scan is Scan.EMPTY or (result.scan is Scan.SENT and result.next_in > 0)
         if lane in self.membership.lanes and not quiet:
-            self.queue.schedule(lane, self.now() + result.next_in)
+            now = self.now()
+            if result.scan is Scan.SENT:
+                # Rows are left (the batch read a full batch or was cut short): the next scan
+                # needs no probe to know that.
+                self._due_heads[lane] = now
+            self.queue.schedule(lane, now + result.next_in)
 
     async def _scan(self, lane: int) -> ScanResult:
         seen = self._due_heads.pop(lane, None)

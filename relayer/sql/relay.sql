@@ -152,7 +152,10 @@ SELECT lane, token FROM candidates WHERE fresh
 -- seen), head first in (lane, id) order, at most %(limit)s per lane, skipping parked keys that
 -- are not due for a retry. Only lanes this member holds return rows; the caller also drops
 -- lanes whose lock was skipped.
-SELECT l.lane, o.id, o.ordering_key, o.transport, o.destination, o.body, o.headers::text,
+-- Ids travel as text (the transports send them as text; the outcome statement casts them
+-- back), empty headers as NULL: the client then decodes no UUID and no JSON for most rows.
+SELECT l.lane, o.id::text, o.ordering_key, o.transport, o.destination, o.body,
+       nullif(o.headers::text, '{{}}'),
        coalesce(o.deliver_at > now(), false) AS future
 FROM unnest(%(lanes)s::int4[]) AS l(lane)
 JOIN {leases} AS s ON s.lane = l.lane AND s.owner = %(member)s AND s.expires_at > now()
@@ -175,7 +178,7 @@ WITH fence AS (
         ON s.lane = t.lane AND s.token = t.token
     WHERE s.owner = %(member)s
 ), acked AS (
-    SELECT * FROM unnest(%(acked_lanes)s::int4[], %(acked)b::uuid[]) AS a(lane, id)
+    SELECT * FROM unnest(%(acked_lanes)s::int4[], %(acked)s::uuid[]) AS a(lane, id)
     WHERE a.lane IN (SELECT lane FROM fence)
 ), deleted AS (
     DELETE FROM {outbox} AS o
@@ -217,26 +220,16 @@ SELECT (SELECT count(*) FROM deleted),
        (SELECT count(*) FROM counted),
        (SELECT coalesce(array_agg(lane), ARRAY[]::int4[]) FROM parked WHERE gave_up),
        (SELECT count(*) FROM unparked),
-       -- Raises (and so aborts the transaction, whose COMMIT was sent with this statement)
-       -- unless every lane's lease still held and every acknowledged row was deleted.
-       pg_temp.relayer_fence_check(
-           (SELECT count(*) FROM fence) = cardinality(%(lanes)s::int4[]),
-           (SELECT count(*) FROM deleted), %(expected)s, %(lanes)s::int4[]
-       )
-
--- name: fence_check_function
--- Created once per batch connection, in its own transaction (pg_temp: the connection's own).
-CREATE OR REPLACE FUNCTION pg_temp.relayer_fence_check(
-    held boolean, deleted bigint, expected integer, lanes integer[]
-) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT held OR deleted <> expected THEN
-        RAISE EXCEPTION 'relayer: lane %: the fenced delete matched % of % rows (lease held: %); '
-            'rolled back, the rows will be sent again', array_to_string(lanes, ', '), deleted,
-            expected,
-            CASE WHEN held THEN 'yes' ELSE 'no' END
-            USING ERRCODE = 'RL001';
-    END IF;
-    RETURN true;
-END
-$$
+       -- Fails (and so aborts the transaction, whose COMMIT was sent with this statement)
+       -- unless every lane's lease still held and every acknowledged row was deleted: the text
+       -- cast to an integer is the error's message (relayer.store.FENCE_MARK).
+       CASE WHEN (SELECT count(*) FROM fence) = cardinality(%(lanes)s::int4[])
+                 AND (SELECT count(*) FROM deleted) = %(expected)s
+            THEN 0
+            ELSE ('relayer-fence: lane ' || array_to_string(%(lanes)s::int4[], ', ')
+                  || ': the fenced delete matched ' || (SELECT count(*) FROM deleted)
+                  || ' of ' || %(expected)s || ' rows (lease held: '
+                  || CASE WHEN (SELECT count(*) FROM fence) = cardinality(%(lanes)s::int4[])
+                          THEN 'yes' ELSE 'no' END
+                  || '); rolled back, the rows will be sent again')::int4
+       END

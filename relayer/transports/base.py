@@ -15,17 +15,27 @@ flight at once:
 
 Messages carry their body and headers unchanged. Transports add the outbox id and the ordering
 key as the headers named below (and use the broker's native fields where it has them).
+
+A transport may also implement :class:`BatchPublisher` (``publish_batch``): the relay then hands
+it many rows of a batch in one call, as columns, and learns each outcome through one callback
+(``settle``) instead of an awaitable per message. The rules are the same; the cost per message
+is a fraction. Transports without it are driven through ``publish`` one message at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
 from relayer.errors import TransportError
+
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 MESSAGE_ID_HEADER = "relayer-message-id"
 ORDERING_KEY_HEADER = "relayer-ordering-key"
@@ -47,6 +57,51 @@ class OutgoingMessage:
     @property
     def id_text(self) -> str:
         return str(self.id)
+
+
+class OutboundBatch:
+    """Rows of one relay batch as columns, for :class:`BatchPublisher` transports.
+
+    Row ``index`` is the message ``ids[index]`` (the outbox id as canonical UUID text) with
+    ordering key ``keys[index]`` to ``destinations[index]``, body ``bodies[index]`` and the
+    application's headers ``headers[index]`` (None: no headers). ``message(index)`` builds the
+    same row as an :class:`OutgoingMessage` for code that wants one.
+    """
+
+    __slots__ = ("bodies", "destinations", "headers", "ids", "keys")
+
+    def __init__(
+        self,
+        ids: Sequence[str],
+        keys: Sequence[str],
+        destinations: Sequence[str],
+        bodies: Sequence[bytes],
+        headers: Sequence[Mapping[str, str] | None],
+    ) -> None:
+        self.ids = ids
+        self.keys = keys
+        self.destinations = destinations
+        self.bodies = bodies
+        self.headers = headers
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def message(self, index: int) -> OutgoingMessage:
+        headers = self.headers[index]
+        return OutgoingMessage(
+            UUID(self.ids[index]),
+            self.destinations[index],
+            self.bodies[index],
+            self.keys[index],
+            _NO_HEADERS if headers is None else headers,
+        )
+
+
+# Called once per message handed over (on the event loop's thread): the message's position in
+# its OutboundBatch, and None when the broker acknowledged it, else why not (SendError,
+# TransportUnavailableError, or any exception: a plug-in's bug).
+Settle = Callable[[int, BaseException | None], None]
 
 
 class SendError(TransportError):
@@ -108,6 +163,78 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Flush what is in flight (resolving every outstanding awaitable), then disconnect."""
         ...
+
+
+@runtime_checkable
+class BatchPublisher(Protocol):
+    """What a transport implements, besides :class:`Transport`, to be handed rows in batches."""
+
+    async def publish_batch(
+        self,
+        batch: OutboundBatch,
+        indexes: Sequence[int],
+        settle: Settle,
+        admitting: Callable[[], bool],
+    ) -> int:
+        """Hand the rows at ``indexes`` of ``batch`` to the client, in that order.
+
+        Returns how many were handed over: all of them, unless the call stopped at
+        ``indexes[returned]``, either because that message failed at once (too large, an unknown
+        destination...: ``settle`` was already called for it) or because ``admitting()``
+        returned False after the call had to wait (backpressure: the relay admits no new rows
+        late in a batch); nothing after it was handed over. Every message handed over is
+        settled exactly once, later or already during the call. Raises
+        TransportUnavailableError when the client cannot be used now (what was handed over
+        before is still settled).
+        """
+        ...
+
+
+class PerMessage:
+    """``publish_batch`` for a transport that only has ``publish``: one awaitable a message."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    async def publish_batch(
+        self,
+        batch: OutboundBatch,
+        indexes: Sequence[int],
+        settle: Settle,
+        admitting: Callable[[], bool],
+    ) -> int:
+        for handed, index in enumerate(indexes):
+            if handed and not admitting():
+                return handed
+            try:
+                acknowledgement = await self.transport.publish(batch.message(index))
+            except TransportError as exc:
+                if isinstance(exc, SendError):
+                    settle(index, exc)
+                    return handed
+                raise
+            except Exception as exc:  # a plug-in's bug must park only this row's key
+                settle(index, exc)
+                return handed
+            future = (
+                acknowledgement
+                if isinstance(acknowledgement, asyncio.Future)
+                else asyncio.ensure_future(acknowledgement)
+            )
+            if future.done():
+                _settle_from(settle, index, future)
+                if future.cancelled() or future.exception() is not None:
+                    return handed  # failed at once: the caller stops its key first
+            else:
+                future.add_done_callback(functools.partial(_settle_from, settle, index))
+        return len(indexes)
+
+
+def _settle_from(settle: Settle, index: int, future: asyncio.Future[None]) -> None:
+    if future.cancelled():
+        settle(index, asyncio.CancelledError())
+    else:
+        settle(index, future.exception())
 
 
 class TransportFactory(Protocol):

@@ -43,7 +43,7 @@ async def test_a_bad_destination_parks_only_its_key(
     relay = LaneRelay(store, {transport.name: transport}, "member-a")
     conn: psycopg.AsyncConnection[Any] = await psycopg.AsyncConnection.connect(pg_dsn)
     try:
-        result = await relay.send_lane(conn, 2)
+        [result] = await relay.send_lanes(conn, [2])
     finally:
         await conn.close()
     assert result.scan is Scan.SENT

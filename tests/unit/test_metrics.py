@@ -24,7 +24,7 @@ def test_observe_ages_matches_one_observation_per_row() -> None:
         ages = [rng.choice([-3, 0, 5, 10, 250, 1000, 7_000, 3_600_000, rng.randrange(900_000)])]
         ages += [rng.randrange(-5, 2_000_000) for _ in range(rng.randrange(40))]
         ids = sorted(uuid_at(now_ms - age, rng.getrandbits(62)) for age in ages)
-        batched.observe_ages(ids, now_ms)
+        batched.observe_ages([str(value) for value in ids], now_ms)
         for value in ids:
             reference.observe((now_ms - uuid7_time_ms(value)) / 1000)
     assert batched.counts == reference.counts

@@ -361,20 +361,29 @@ async def test_stale_owner_fenced_delete_removes_nothing(
     import uuid
 
     async with await connection(relay_store) as conn:
-        await db.prepare_connection(conn)
         tokens, rows = await db.lock_and_read(conn, [0], MEMBER, uuid.uuid4(), 10)
-        assert 0 in tokens and [row.id for row in rows] == ids
+        assert 0 in tokens and list(rows.batch.ids) == [str(id_) for id_ in ids]
         await conn.commit()
         with pytest.raises(FencedWriteError, match=r"matched 0 of 2 rows \(lease held: no\)"):
             await db.record_outcomes(
-                conn, member=MEMBER, tokens={0: uuid.uuid4()}, acked=rows, failures=[]
+                conn,
+                member=MEMBER,
+                tokens={0: uuid.uuid4()},
+                acked=rows.batch.ids,
+                acked_lanes=rows.lanes,
+                failures=[],
             )
         await conn.rollback()
         # The current owner's fenced delete goes through.
         tokens, _ = await db.lock_and_read(conn, [0], MEMBER, uuid.uuid4(), 10)
         assert 0 in tokens
         done = await db.record_outcomes(
-            conn, member=MEMBER, tokens=tokens, acked=rows[:1], failures=[]
+            conn,
+            member=MEMBER,
+            tokens=tokens,
+            acked=rows.batch.ids[:1],
+            acked_lanes=rows.lanes[:1],
+            failures=[],
         )
     assert done.deleted == 1
     assert pending(relay_store) == 1
@@ -388,12 +397,12 @@ async def test_killed_connection_mid_batch_loses_nothing(
     memory.stall()
     relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
     conn = await connection(relay_store)
-    batch = asyncio.ensure_future(relay.send_lane(conn, 2))
+    batch = asyncio.ensure_future(relay.send_lanes(conn, [2]))
     await asyncio.sleep(0.2)
     with psycopg.connect(relay_store.require_dsn(), autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
     memory.resume()
-    result = await batch
+    [result] = await batch
     assert result.scan is Scan.FAILED
     assert pending(relay_store) == 20  # rolled back: everything is still there
     duplicates_before = len(memory.received("events"))
@@ -522,12 +531,18 @@ async def test_a_lost_lease_in_a_group_rolls_back_every_lane(
     write(relay_store, keys_in_lane(relay_store, 3, 2, prefix="h"))
     db = RelayStore(relay_store)
     async with await connection(relay_store) as conn:
-        await db.prepare_connection(conn)
         tokens, rows = await db.lock_and_read(conn, [0, 3], MEMBER, uuid.uuid4(), 10)
         assert sorted(tokens) == [0, 3] and len(rows) == 4
         stale = {0: tokens[0], 3: uuid.uuid4()}
         with pytest.raises(FencedWriteError, match=r"lane 0, 3: the fenced delete matched 2 of 4"):
-            await db.record_outcomes(conn, member=MEMBER, tokens=stale, acked=rows, failures=[])
+            await db.record_outcomes(
+                conn,
+                member=MEMBER,
+                tokens=stale,
+                acked=rows.batch.ids,
+                acked_lanes=rows.lanes,
+                failures=[],
+            )
         await conn.rollback()
     assert pending(relay_store) == 4  # the lane whose lease held lost nothing either
 
@@ -572,7 +587,7 @@ async def test_scans_that_find_nothing_keep_the_connection_prepared_statements(
     async with await connection(relay_store) as conn:
         for _ in range(6):  # psycopg prepares a statement on its fifth use
             write(relay_store, [key])
-            assert (await relay.send_lane(conn, 0)).sent == 1
+            assert (await relay.send_lanes(conn, [0]))[0].sent == 1
 
         async def prepared() -> int:
             cursor = await conn.execute("SELECT count(*) FROM pg_prepared_statements")
@@ -583,8 +598,8 @@ async def test_scans_that_find_nothing_keep_the_connection_prepared_statements(
 
         before = await prepared()
         assert before >= 2
-        assert (await relay.send_lane(conn, 0)).scan is Scan.EMPTY
-        assert (await relay.send_lane(conn, 0)).scan is Scan.EMPTY
+        assert (await relay.send_lanes(conn, [0]))[0].scan is Scan.EMPTY
+        assert (await relay.send_lanes(conn, [0]))[0].scan is Scan.EMPTY
         assert await prepared() == before
 
 
@@ -612,12 +627,18 @@ async def test_a_lost_lease_fails_the_fence_even_when_its_lane_has_nothing_to_de
     write(relay_store, keys_in_lane(relay_store, 0, 2, prefix="n"))
     db = RelayStore(relay_store)
     async with await connection(relay_store) as conn:
-        await db.prepare_connection(conn)
         tokens, rows = await db.lock_and_read(conn, [0, 3], MEMBER, uuid.uuid4(), 10)
-        assert sorted(tokens) == [0, 3] and {row.lane for row in rows} == {0}
+        assert sorted(tokens) == [0, 3] and set(rows.lanes) == {0}
         stale = {0: tokens[0], 3: uuid.uuid4()}  # lane 3 acknowledged nothing
         with pytest.raises(FencedWriteError, match=r"matched 2 of 2 rows \(lease held: no\)"):
-            await db.record_outcomes(conn, member=MEMBER, tokens=stale, acked=rows, failures=[])
+            await db.record_outcomes(
+                conn,
+                member=MEMBER,
+                tokens=stale,
+                acked=rows.batch.ids,
+                acked_lanes=rows.lanes,
+                failures=[],
+            )
         await conn.rollback()
     assert pending(relay_store) == 2
 

@@ -1,0 +1,23 @@
+"""The relay step: the ordered protocol of docs/protocol.md, one module per step.
+
+- ``scanning``: which owned lanes have a due head (read-only probes);
+- ``coalescing``: lanes asked for in the same event-loop turn are served together;
+- ``batch``: the lane batch (lock, read, send, fenced outcomes, commit);
+- ``pipeline``: the send pipeline of one batch (per-row outcomes, per-key order).
+"""
+
+from relayer.relay.batch import LaneRelay, Scan, ScanResult
+from relayer.relay.coalescing import Coalescer
+from relayer.relay.pipeline import BatchSender, SendReport, send_batch
+from relayer.relay.scanning import Prober
+
+__all__ = [
+    "BatchSender",
+    "Coalescer",
+    "LaneRelay",
+    "Prober",
+    "Scan",
+    "ScanResult",
+    "SendReport",
+    "send_batch",
+]

@@ -1,0 +1,381 @@
+"""The lane batch, rule by rule (docs/protocol.md): one transaction over one or more lanes.
+
+1. lock the lanes' lease rows and read their head rows in one round trip;
+2. stop each lane's read at a future-dated head; skip parked keys (the query does);
+3. publish pipelined with per-key order (relayer.relay.pipeline), admitting rows only during
+   the first quarter of the lease and waiting for acknowledgements until shortly before half
+   of it;
+4. delete acknowledged rows and park failed keys in one fenced statement, sent with the COMMIT;
+5. any doubt about the database outcome rolls back: the rows stay and are resent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+from uuid import UUID, uuid4
+
+from relayer.destinations import DestinationCache, PreparationError
+from relayer.errors import FencedWriteError, StoreError
+from relayer.relay.pipeline import IN_FLIGHT, UNSENT, SendReport, send_batch
+from relayer.settings import StoreSettings
+from relayer.store import LaneHead, LaneRows, RelayStore, RowFailure
+from relayer.transports.base import Transport
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from relayer.tracing import RelayTracer
+
+logger = logging.getLogger(__name__)
+
+
+class Scan(Enum):
+    """How a lane scan ended; it decides when the lane is scanned next."""
+
+    SENT = "sent"  # made progress: scan again at once
+    EMPTY = "empty"  # nothing to send: poll_interval
+    FUTURE = "future"  # head is future-dated: at its due time (or poll_interval, earlier)
+    BUSY = "busy"  # another live owner holds the lane: at its expiry (or poll_interval)
+    UNAVAILABLE = "unavailable"  # the broker is unreachable: retry_backoff
+    FAILED = "failed"  # database trouble: rolled back, retry_backoff
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    lane: int
+    scan: Scan
+    next_in: float
+    sent: int = 0
+    failed: int = 0
+    gave_up: int = 0
+    cut_short: bool = False
+    detail: str = ""
+    acked: Sequence[str] = ()  # ids (UUID text) deleted by this batch, ascending
+
+
+class LaneRelay:
+    """Runs lane batches of one store for one member."""
+
+    def __init__(
+        self,
+        store: StoreSettings,
+        transports: Mapping[str, Transport],
+        member: str,
+        *,
+        destinations: DestinationCache | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        observer: Callable[[int, bool], None] | None = None,
+        tracer: RelayTracer | None = None,
+    ) -> None:
+        self.store = store
+        # Told (lane, True) once a lane's lock is taken and (lane, False) when its transaction
+        # ended: the window in which this member may send the lane (tests and metrics use it).
+        self.observer = observer
+        self.db = RelayStore(store)
+        # None unless OpenTelemetry is configured: then a span per batch and per sampled send.
+        self.tracer = tracer
+        self.transports = dict(transports) if tracer is None else tracer.wrap(transports)
+        self.member = member
+        self.destinations = destinations or DestinationCache()
+        self.clock = clock
+        lease = store.lease_duration.total_seconds()
+        self.batch_deadline = lease / 2
+        self.admission = lease / 4
+        # Time kept back from the batch deadline for the outcome statement and the commit.
+        self.commit_reserve = lease / 8
+        self.poll = store.poll_interval.total_seconds()
+        # After database or broker trouble (not a row's fault): retry soon, whatever the
+        # parked keys' backoff is.
+        self.backoff = min(store.retry_backoff.total_seconds(), lease / 3)
+
+    def after_probe(self, head: LaneHead) -> ScanResult | None:
+        """The result of a scan the probe already decided, or None if the lane must be sent."""
+        if head.head_id is None:
+            return ScanResult(head.lane, Scan.EMPTY, self.poll)
+        if head.lease_live and head.owner not in (None, self.member):
+            return ScanResult(head.lane, Scan.BUSY, min(max(head.lease_left, 0.01), self.poll))
+        if head.future:
+            return ScanResult(head.lane, Scan.FUTURE, min(max(head.due_in, 0.001), self.poll))
+        return None
+
+    def resolve(self, name: str | None) -> Transport:
+        """The transport rows naming ``name`` go to (None: the store's default)."""
+        name = name or self.store.default_transport
+        if name is None:
+            raise PreparationError(
+                f"the row names no transport and store {self.store.name!r} has no "
+                f"default_transport; set stores.{self.store.name}.default_transport, then "
+                "redrive the key"
+            )
+        transport = self.transports.get(name)
+        if transport is None:
+            known = ", ".join(repr(known) for known in self.transports) or "none"
+            raise PreparationError(
+                f"transport {name!r} is not configured for store {self.store.name!r} "
+                f"(configured: {known}); add [stores.{self.store.name}.transports.{name}] "
+                "and restart the workers, or drop the key"
+            )
+        return transport
+
+    async def send_lanes(
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
+    ) -> list[ScanResult]:
+        """One batch of ``lanes`` (distinct, sorted) in one transaction on ``conn`` (not in
+        autocommit mode): a result per lane, in the same order. Never raises for database or
+        broker trouble: each result says what happened and when to scan that lane again."""
+        if self.tracer is None:
+            return await self._send_lanes(conn, lanes)
+        with self.tracer.batch(self.store.name, lanes) as span:
+            results = await self._send_lanes(conn, lanes)
+            span.finish(results)
+            return results
+
+    async def _send_lanes(
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
+    ) -> list[ScanResult]:
+        started = self.clock()
+        try:
+            async with asyncio.timeout(self.batch_deadline):
+                return await self._batch(conn, lanes, started)
+        except TimeoutError:
+            await self.db.abandon(conn)
+            detail = "batch deadline passed; rolled back"
+        except (StoreError, FencedWriteError) as exc:
+            await self.db.abandon(conn)
+            detail = str(exc)
+            logger.warning(
+                "lane %s of store %s rolled back: %s",
+                ", ".join(str(lane) for lane in lanes),
+                self.store.name,
+                exc,
+                extra={"action": "rollback", "store": self.store.name, "lane": lanes[0]},
+            )
+        return [ScanResult(lane, Scan.FAILED, self.backoff, detail=detail) for lane in lanes]
+
+    async def _batch(
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int], started: float
+    ) -> list[ScanResult]:
+        tokens, rows = await self.db.lock_and_read(
+            conn, lanes, self.member, uuid4(), self.store.batch_size
+        )
+        if not tokens:
+            await self.db.end_unchanged(conn)
+            return [ScanResult(lane, Scan.BUSY, self.poll) for lane in lanes]
+        if self.observer is not None:
+            for lane in tokens:
+                self.observer(lane, True)
+        try:
+            done = await self._send_locked(conn, started, tokens, rows)
+        finally:
+            if self.observer is not None:
+                for lane in tokens:
+                    self.observer(lane, False)
+        return [done.get(lane) or ScanResult(lane, Scan.BUSY, self.poll) for lane in lanes]
+
+    async def _send_locked(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        started: float,
+        tokens: Mapping[int, UUID],
+        rows: LaneRows,
+    ) -> dict[int, ScanResult]:
+        """Send the rows of the locked lanes, record the outcomes and commit; each lane's
+        result. Lanes with nothing to send are left out of the outcome statement's work but
+        stay fenced with the others (their lease rows are locked all the same)."""
+        spans = _lane_spans(rows)
+        results: dict[int, ScanResult] = {}
+        future = rows.future
+        any_future = any(future)
+        sendable: list[int] | range = range(len(rows)) if not any_future else []
+        ready_spans: dict[int, tuple[int, int, int]] = {}  # lane -> (start, ready end, end)
+        for lane in tokens:
+            start, end = spans.get(lane, (0, 0))
+            ready_end = end
+            if any_future:
+                for index in range(start, end):
+                    if future[index]:
+                        ready_end = index
+                        break
+                assert isinstance(sendable, list)
+                sendable.extend(range(start, ready_end))
+            if ready_end == start:
+                scan = Scan.FUTURE if end > start else Scan.EMPTY
+                results[lane] = ScanResult(lane, scan, self.poll)
+            else:
+                ready_spans[lane] = (start, ready_end, end)
+        if not sendable:
+            await self.db.end_unchanged(conn)
+            return results
+        report = await send_batch(
+            rows,
+            sendable,
+            self.resolve,
+            self.destinations,
+            admit_until=started + self.admission,
+            wait_until=started + self.batch_deadline - self.commit_reserve,
+            clock=self.clock,
+        )
+        acked, failed = report.outcomes(rows, sendable)
+        failures = [report.failure(rows, index) for index in failed]
+        gave_up: Sequence[int] = ()
+        if acked or failures:
+            ids = rows.batch.ids
+            lanes = rows.lanes
+            everything = len(acked) == len(rows)
+            # Raises FencedWriteError (nothing committed) unless every lease held for every
+            # delete.
+            outcomes = await self.db.record_outcomes(
+                conn,
+                member=self.member,
+                tokens=tokens,
+                acked=ids if everything else [ids[index] for index in acked],
+                acked_lanes=lanes if everything else [lanes[index] for index in acked],
+                failures=failures,
+            )
+            gave_up = outcomes.gave_up
+            self._log_failures(rows, failures, gave_up)
+        else:
+            await self.db.end_unchanged(conn)
+        all_acked = len(acked) == len(sendable)
+        for lane, (start, ready_end, end) in ready_spans.items():
+            if all_acked:
+                results[lane] = self._all_acked(rows, lane, start, ready_end, end)
+            else:
+                results[lane] = self._lane_result(
+                    rows,
+                    lane,
+                    (start, ready_end, end),
+                    report,
+                    acked=acked,
+                    failed=failed,
+                    gave_up=gave_up,
+                )
+        return results
+
+    def _all_acked(
+        self, rows: LaneRows, lane: int, start: int, ready_end: int, end: int
+    ) -> ScanResult:
+        """A lane whose every sendable row was acknowledged."""
+        read_count = end - start
+        drained = read_count < self.store.batch_size and ready_end == end
+        return ScanResult(
+            lane,
+            Scan.SENT,
+            self.poll if drained else 0.0,
+            sent=ready_end - start,
+            acked=rows.batch.ids[start:ready_end],
+        )
+
+    def _lane_result(
+        self,
+        rows: LaneRows,
+        lane: int,
+        span: tuple[int, int, int],
+        report: SendReport,
+        *,
+        acked: Sequence[int],
+        failed: Sequence[int],
+        gave_up: Sequence[int],
+    ) -> ScanResult:
+        """How one lane of a batch ended, from its own rows only (the other lanes of the batch
+        may have been luckier or less lucky)."""
+        start, ready_end, end = span
+        states = report.states
+        keys = rows.batch.keys
+        lane_acked = [index for index in acked if start <= index < ready_end]
+        lane_failed = [index for index in failed if start <= index < ready_end]
+        indexes = range(start, ready_end)
+        down = next((report.down[index] for index in indexes if index in report.down), "")
+        failed_keys = {keys[index] for index in lane_failed}
+        # Rows the batch never got to: admission ended (or a publish blocked) before them.
+        not_admitted = any(
+            states[index] == UNSENT
+            and index not in report.down
+            and index not in report.failures
+            and keys[index] not in failed_keys
+            for index in indexes
+        )
+        if not lane_acked and not lane_failed:
+            if down:
+                # Its broker cannot be reached: not the rows' fault, wait as if alone.
+                return ScanResult(lane, Scan.UNAVAILABLE, self.backoff, detail=down)
+            if any(states[index] == IN_FLIGHT for index in indexes):
+                return ScanResult(
+                    lane, Scan.FAILED, self.backoff, detail="no acknowledgement in time"
+                )
+            # Nothing of it was published: other lanes of the batch used up the admission
+            # window. Its turn comes at once.
+            return ScanResult(lane, Scan.SENT, 0.0, cut_short=True)
+        # Scan again at once while rows may be left; a batch that read the lane to its end and
+        # settled every row has left nothing: new rows come with a writer's NOTIFY (or the
+        # poll).
+        settled = len(lane_acked) + sum(1 for index in indexes if keys[index] in failed_keys)
+        read_count = end - start
+        drained = (
+            read_count < self.store.batch_size
+            and read_count == ready_end - start
+            and settled == read_count
+        )
+        ids = rows.batch.ids
+        return ScanResult(
+            lane,
+            Scan.SENT,
+            self.poll if drained and not not_admitted else 0.0,
+            sent=len(lane_acked),
+            failed=len(lane_failed),
+            gave_up=gave_up.count(lane),
+            acked=tuple(ids[index] for index in lane_acked),
+            cut_short=not_admitted,
+            detail=down,
+        )
+
+    def _log_failures(
+        self, rows: LaneRows, failures: Sequence[RowFailure], gave_up: Sequence[int]
+    ) -> None:
+        keys = rows.batch.keys
+        ids = rows.batch.ids
+        key_of = {ids[index]: keys[index] for index in range(len(rows))} if failures else {}
+        for failure in failures:
+            key = key_of.get(failure.id)
+            logger.warning(
+                "key %r parked: %s",
+                key,
+                failure.error,
+                extra={
+                    "action": "park",
+                    "store": self.store.name,
+                    "lane": failure.lane,
+                    "key": key,
+                    "error": failure.error,
+                },
+            )
+        for lane in sorted(set(gave_up)):
+            logger.error(
+                "%s key(s) reached max_attempts=%s and wait for an operator "
+                "(relayer parked redrive|drop %s)",
+                gave_up.count(lane),
+                self.store.max_attempts,
+                self.store.name,
+                extra={"action": "give_up", "store": self.store.name, "lane": lane},
+            )
+
+
+def _lane_spans(rows: LaneRows) -> dict[int, tuple[int, int]]:
+    """Each lane's rows as a range of indexes (rows are in (lane, id) order)."""
+    spans: dict[int, tuple[int, int]] = {}
+    lanes = rows.lanes
+    count = len(lanes)
+    start = 0
+    while start < count:
+        lane = lanes[start]
+        end = bisect_right(lanes, lane, start)
+        spans[lane] = (start, end)
+        start = end
+    return spans
