@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+# Up to this many ids, observe_ages reads every id's timestamp for the histogram's sum; above
+# it, evenly spaced ones (about SUM_SAMPLE / 2).
+SUM_SAMPLE = 64
 _INSTALL_HINT = "pip install 'relayer[metrics]'"
 
 
@@ -78,9 +81,8 @@ class Histogram:
             at_most_previous = at_most
         self.counts[-1] += count - at_most_previous
         self.count += count
-        # The 48-bit millisecond timestamp is the first 12 hex digits (a dash after 8).
-        written = sum([int(text[:8] + text[9:13], 16) for text in ids])
-        self.total += (count * now_ms - written) / 1000
+        self.total += (count * now_ms - _written_sum(ids)) / 1000
+
 
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative (le, count) pairs ending with +Inf, as Prometheus exposes them."""
@@ -90,6 +92,28 @@ class Histogram:
             running += count
             pairs.append((_go_float(bound), running))
         return pairs
+
+
+def _written_ms(text: str) -> int:
+    # The 48-bit millisecond timestamp is the first 12 hex digits (a dash after 8).
+    return int(text[:8] + text[9:13], 16)
+
+
+def _written_sum(ids: Sequence[str]) -> float:
+    """The sum of the write times of ``ids`` (ascending): exact for up to SUM_SAMPLE ids; for
+    more, integrated (trapezoids) over evenly spaced ids, exact when the writes were evenly
+    spread. Parsing every id cost more than the rest of a row's bookkeeping."""
+    count = len(ids)
+    if count <= SUM_SAMPLE:
+        return sum([_written_ms(text) for text in ids])
+    stride = count // (SUM_SAMPLE // 2)
+    positions = [*range(0, count - 1, stride), count - 1]
+    values = [_written_ms(ids[position]) for position in positions]
+    total = (values[0] + values[-1]) / 2
+    for index in range(1, len(positions)):
+        width = positions[index] - positions[index - 1]
+        total += (values[index] + values[index - 1]) / 2 * width
+    return total
 
 
 def _uuid7_floor(ms: int) -> str:

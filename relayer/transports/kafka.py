@@ -23,7 +23,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -35,8 +35,10 @@ from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,
     DestinationError,
+    OutboundBatch,
     OutgoingMessage,
     SendError,
+    Settle,
     TransportUnavailableError,
 )
 from relayer.transports.kafka_rules import (
@@ -57,6 +59,7 @@ _MISSING_TOPIC_SECONDS = 5.0
 _REBUILD_RETRY_SECONDS = 1.0
 
 _Delivered = list[tuple[asyncio.Future[None], Any, Any]]
+_Settles = list[tuple[Settle, int, Any, Any]]
 ProducerFactory = Callable[[dict[str, Any]], Any]
 
 
@@ -106,6 +109,10 @@ class KafkaTransport:
         self._stopped: asyncio.Future[None] | None = None
         self._delivered: _Delivered = []
         self._outstanding: set[asyncio.Future[None]] = set()
+        # Delivery reports of publish_batch's messages, collected by the poll thread, and how
+        # many such messages wait for one (counted on the event loop's thread).
+        self._settles: _Settles = []
+        self._batched = 0
         self._space = asyncio.Event()
         self._waiting_for_space = 0
         self._known_topics: set[str] = set()
@@ -228,6 +235,96 @@ class KafkaTransport:
             self._outstanding.add(future)
             return future
 
+    async def publish_batch(
+        self,
+        batch: OutboundBatch,
+        indexes: Sequence[int],
+        settle: Settle,
+        admitting: Callable[[], bool],
+    ) -> int:
+        """``publish`` for many rows (the relay's way): one produce call a row, no future; the
+        delivery reports of one poll settle on the event loop in one callback."""
+        generation = self._generation
+        if generation is None or self._closed:
+            generation = self._require_started()
+        ids, keys, topics = batch.ids, batch.keys, batch.destinations
+        bodies, all_headers = batch.bodies, batch.headers
+        known = self._known_topics
+        settles = self._settles
+        record = _record_settle
+        handed = 0
+        if generation.fatal is not None:
+            raise _rebuilding(generation.fatal)
+        produce = generation.producer.produce
+        try:
+            for index in indexes:
+                topic = topics[index]
+                if topic not in known:
+                    problem = await self._lookup_topic(topic, use_cache=True)
+                    self._require_same(generation)
+                    if problem is not None:
+                        settle(index, SendError(problem, retryable=False))
+                        self._batched += handed
+                        return handed
+                key = keys[index]
+                headers = [(MESSAGE_ID_HEADER, ids[index]), (ORDERING_KEY_HEADER, key)]
+                extra = all_headers[index]
+                if extra:
+                    headers = [item for item in extra.items() if item[0] not in _RESERVED] + headers
+                produce(
+                    topic,
+                    bodies[index],
+                    key,
+                    headers=headers,
+                    on_delivery=functools.partial(record, settles, settle, index),
+                )
+                handed += 1
+        except BufferError:
+            self._batched += handed
+            return await self._after_full_queue(
+                generation,
+                batch=batch,
+                indexes=indexes,
+                settle=settle,
+                admitting=admitting,
+                handed=handed,
+            )
+        except KafkaException as exc:
+            self._batched += handed
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() == KafkaError._FATAL:
+                self._mark_fatal(generation, error)
+                raise _rebuilding(generation.fatal or _text(error)) from exc
+            index = indexes[handed]
+            settle(index, produce_error(exc, batch.message(index), self._max_bytes))
+            return handed
+        self._batched += handed
+        return handed
+
+    async def _after_full_queue(
+        self,
+        generation: _Generation,
+        *,
+        batch: OutboundBatch,
+        indexes: Sequence[int],
+        settle: Settle,
+        admitting: Callable[[], bool],
+        handed: int,
+    ) -> int:
+        """librdkafka's local queue was full at ``indexes[handed]``: wait for room, then go on
+        (unless admission ended meanwhile, or the producer was replaced)."""
+        if len(generation.producer) == 0:
+            # Refused with an empty queue: the message alone is over the queue's size.
+            index = indexes[handed]
+            settle(index, SendError(_over_queue(batch.message(index)), retryable=False))
+            return handed
+        await self._wait_for_space()
+        self._require_same(generation)
+        if not admitting():
+            return handed
+        rest = await self.publish_batch(batch, indexes[handed:], settle, admitting)
+        return handed + rest
+
     async def close(self) -> None:
         """Flush (up to ``close_timeout``), fail what is left as retryable, stop the thread."""
         if self._closed:
@@ -295,6 +392,25 @@ class KafkaTransport:
                 )
             else:
                 future.set_exception(delivery_error(error, report, self._max_bytes))
+        if self._waiting_for_space:
+            self._space.set()
+
+    def _resolve_settles(self, settles: _Settles) -> None:
+        self._batched -= len(settles)
+        dropped: TransportUnavailableError | None = None
+        for settle, index, error, report in settles:
+            if error is None:
+                settle(index, None)
+            elif error.code() in _NOT_SENT:
+                if dropped is None:
+                    dropped = TransportUnavailableError(
+                        f"the Kafka producer dropped the message unacknowledged "
+                        f"({error.str()}): it was closed or hit a fatal error; the message "
+                        "will be sent again"
+                    )
+                settle(index, dropped)
+            else:
+                settle(index, delivery_error(error, report, self._max_bytes))
         if self._waiting_for_space:
             self._space.set()
 
@@ -419,16 +535,23 @@ class KafkaTransport:
             self._delivered.clear()
             self._last_progress = time.monotonic()
             loop.call_soon_threadsafe(self._resolve, batch)
+        if self._settles:
+            # Copied and cleared, never replaced: each produce call bound this very list, and
+            # the callbacks that fill it run in this thread, inside poll().
+            settles = self._settles[:]
+            self._settles.clear()
+            self._last_progress = time.monotonic()
+            loop.call_soon_threadsafe(self._resolve_settles, settles)
 
     def _watch_for_stall(self, generation: _Generation) -> None:
         now = time.monotonic()
-        if not self._outstanding:
+        if not self._outstanding and self._batched <= 0:
             self._last_progress = now
         elif now - self._last_progress > self._stall_timeout and generation.fatal is None:
             self._mark_fatal(
                 generation,
                 f"no delivery report for {self._stall_timeout:g} s while "
-                f"{len(self._outstanding)} message(s) waited",
+                f"{len(self._outstanding) + max(self._batched, 0)} message(s) waited",
             )
 
     def _retire(self, loop: asyncio.AbstractEventLoop, generation: _Generation) -> None:
@@ -460,6 +583,11 @@ def _record_delivery(
 ) -> None:
     # Runs in the poll thread, inside producer.poll(): only collect; the loop resolves.
     delivered.append((future, error, report if error is not None else None))
+
+
+def _record_settle(settles: _Settles, settle: Settle, index: int, error: Any, report: Any) -> None:
+    # Runs in the poll thread, inside producer.poll(): only collect; the loop settles.
+    settles.append((settle, index, error, report if error is not None else None))
 
 
 def _finish(stopped: asyncio.Future[None] | None) -> None:
