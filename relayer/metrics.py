@@ -83,7 +83,6 @@ class Histogram:
         self.count += count
         self.total += (count * now_ms - _written_sum(ids)) / 1000
 
-
     def buckets(self) -> list[tuple[str, float]]:
         """Cumulative (le, count) pairs ending with +Inf, as Prometheus exposes them."""
         pairs: list[tuple[str, float]] = []
