@@ -90,6 +90,7 @@ OptionalDuration = Annotated[timedelta | None, BeforeValidator(_parse_optional_d
 # Destructive retentions (dropping parked keys, forgetting sequence counters) below this are
 # refused: a typo such as '30s' for '30d' must not delete what an operator still needs.
 MIN_DESTRUCTIVE_RETENTION = timedelta(hours=1)
+MAX_WAKE_LINGER = timedelta(seconds=1)
 
 
 class TransportSettings(BaseModel):
@@ -130,6 +131,9 @@ class StoreSettings(BaseModel):
     retry_backoff_max: Duration = timedelta(minutes=5)
     max_body_bytes: int = 16 * 1024 * 1024
     notify: bool = True
+    # Wake-ups (writers' notifications) that arrive within this window are served together:
+    # one probe-free pass and shared batch transactions instead of one each (0: at once).
+    wake_linger: Duration = timedelta(milliseconds=2)
     default_transport: str | None = None
     transports: dict[str, TransportSettings] = Field(default_factory=dict)
     # Unordered rows and maintenance (docs/unordered.md, docs/operations.md).
@@ -190,6 +194,13 @@ class StoreSettings(BaseModel):
             raise ValueError("must be from 0 seconds to 1 day")
         return value
 
+    @field_validator("wake_linger")
+    @classmethod
+    def _check_linger(cls, value: timedelta) -> timedelta:
+        if not timedelta(0) <= value <= MAX_WAKE_LINGER:
+            raise ValueError("must be from 0 (off) to 1 second")
+        return value
+
     @field_validator("maintenance_interval", "cleanup_interval")
     @classmethod
     def _check_interval(cls, value: timedelta) -> timedelta:
@@ -223,6 +234,12 @@ class StoreSettings(BaseModel):
                 "must be less than lease_duration / 3 "
                 f"({self.lease_duration.total_seconds() / 3:g} s for lease_duration "
                 f"{self.lease_duration.total_seconds():g} s)",
+            )
+        if self.wake_linger >= self.poll_interval:
+            raise _RelationError(
+                "wake_linger",
+                _as_text(self.wake_linger),
+                f"must be less than poll_interval ({self.poll_interval.total_seconds():g} s)",
             )
         if self.retry_backoff_max < self.retry_backoff:
             raise _RelationError(

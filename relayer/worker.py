@@ -142,6 +142,8 @@ class StoreRuntime:
         self._resize: asyncio.Future[None] | None = None
         self._releasing: asyncio.Future[None] | None = None
         self._wake_again = False
+        self.linger = store.wake_linger.total_seconds()
+        self._window_ends = float("-inf")
         # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
         self._due_heads: dict[int, float] = {}
         # Scans due in the same event-loop turn send their lanes in shared transactions.
@@ -176,7 +178,16 @@ class StoreRuntime:
             # Skip the probe: a row was just committed in this lane.
             now = self.now()
             self._due_heads[lane] = now
-            self.queue.schedule(lane, now)
+            self.queue.schedule(lane, self._wake_window(now))
+
+    def _wake_window(self, now: float) -> float:
+        """When a lane woken now is scanned: at the end of the current wake_linger window, so
+        that every lane woken within it is claimed in one pass and the scans share batch
+        transactions (at a steady rate of single-row transactions, a batch per row would cost
+        far more than the rows)."""
+        if now >= self._window_ends:
+            self._window_ends = now + self.linger
+        return self._window_ends
 
     def wake_all(self) -> None:
         """Probe every owned lane in one query and scan the lanes whose head is due, now (every

@@ -18,6 +18,10 @@ from relayer.transports.options import TransportOptionError
 # librdkafka's own default; kept unless the relay's batch deadline needs more.
 DEFAULT_MESSAGE_TIMEOUT_MS = 300_000
 MAX_IN_FLIGHT = 5
+# The relay hands librdkafka a whole batch at once, so waiting for more messages before sending
+# (librdkafka's default linger of 5 ms) only adds latency; kept if the user sets either name.
+DEFAULT_LINGER_MS = 1
+_LINGER_NAMES = ("linger.ms", "queue.buffering.max.ms")
 _OWNED = ("error_cb", "logger", "on_delivery", "dr_cb", "dr_msg_cb")
 _TIMEOUT_NAMES = ("message.timeout.ms", "delivery.timeout.ms")
 _IN_FLIGHT_NAMES = ("max.in.flight.requests.per.connection", "max.in.flight")
@@ -62,6 +66,8 @@ def check_config(config: Mapping[str, Any], batch_deadline: timedelta | None) ->
     _check_timeout(settings, batch_deadline)
     _check_queue_size(settings)
     settings.setdefault("allow.auto.create.topics", False)
+    if not any(name in settings for name in _LINGER_NAMES):
+        settings["linger.ms"] = DEFAULT_LINGER_MS
     return settings
 
 

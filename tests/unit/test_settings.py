@@ -91,6 +91,19 @@ def test_poll_interval_must_be_below_a_third_of_the_lease(poll: str) -> None:
     assert "10 s" in error.rule
 
 
+@pytest.mark.parametrize(("linger", "words"), [("-1ms", "from 0"), ("2s", "from 0")])
+def test_wake_linger_is_bounded(linger: str, words: str) -> None:
+    error = error_of(wake_linger=linger)
+    assert error.field == "stores.orders.wake_linger"
+    assert words in error.rule
+
+
+def test_wake_linger_must_be_below_the_poll_interval() -> None:
+    error = error_of(poll_interval="100ms", wake_linger="100ms")
+    assert error.field == "stores.orders.wake_linger"
+    assert "poll_interval" in error.rule
+
+
 @pytest.mark.parametrize("name", HOSTILE_IDENTIFIERS)
 def test_hostile_schema_names_are_rejected(name: str) -> None:
     error = error_of(schema=name)

@@ -31,6 +31,13 @@ def test_ordering_critical_settings_are_fixed() -> None:
     assert config["message.timeout.ms"] == DEFAULT_MESSAGE_TIMEOUT_MS
 
 
+def test_linger_defaults_to_one_millisecond_unless_set() -> None:
+    assert check_config(BASE, None)["linger.ms"] == 1
+    assert check_config({**BASE, "linger.ms": 20}, None)["linger.ms"] == 20
+    kept = check_config({**BASE, "queue.buffering.max.ms": 7}, None)
+    assert kept["queue.buffering.max.ms"] == 7 and "linger.ms" not in kept
+
+
 def test_a_long_deadline_raises_the_default_timeout() -> None:
     config = check_config(BASE, timedelta(minutes=30))
     assert config["message.timeout.ms"] == 2 * 30 * 60 * 1000
