@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 EXTRAS := kafka,rabbitmq,sqlalchemy,embedded,otel,metrics,dev
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck pytest bench chaos clean
+.PHONY: venv demo test lint typecheck pytest wheel-check bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(BIN)/relayer demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check relayer tests bench examples
-	$(BIN)/ruff format --check relayer tests bench examples
+	$(BIN)/ruff check relayer tests bench examples scripts
+	$(BIN)/ruff format --check relayer tests bench examples scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -30,7 +30,12 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck pytest
+# Build the sdist and wheel from the files a clone has, install the wheel in a fresh venv and
+# run its `relayer` command (about 20 s).
+wheel-check: $(STAMP)
+	$(BIN)/python scripts/wheel_check.py
+
+test: lint typecheck wheel-check pytest
 
 bench: $(STAMP)
 	$(BIN)/python bench/writer.py

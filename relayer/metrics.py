@@ -27,7 +27,7 @@ from uuid import UUID
 import psycopg
 
 from relayer.connection import connect
-from relayer.errors import RelayerError, StoreError, UsageError
+from relayer.errors import RelayerError, StoreError, UsageError, install_command
 from relayer.redact import redact
 from relayer.relay import Scan
 from relayer.sql import queries_for
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
-_INSTALL_HINT = "pip install 'relayer[metrics]'"
+_INSTALL_HINT = install_command("metrics")
 
 
 class Histogram:
