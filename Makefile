@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 EXTRAS := kafka,rabbitmq,sqlalchemy,embedded,otel,metrics,dev
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck pytest bench chaos clean
+.PHONY: venv demo test lint typecheck pytest wheel-check docs docs-serve bench chaos clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || \
@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(BIN)/relayer demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check relayer tests bench examples
-	$(BIN)/ruff format --check relayer tests bench examples
+	$(BIN)/ruff check relayer tests bench examples scripts
+	$(BIN)/ruff format --check relayer tests bench examples scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -30,7 +30,19 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck pytest
+# Build the sdist and wheel from the files a clone has, install the wheel in a fresh venv and
+# run its `relayer` command (about 20 s).
+wheel-check: $(STAMP)
+	$(BIN)/python scripts/wheel_check.py
+
+# The documentation site (mkdocs.yml): strict, so a broken link or anchor fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
+test: lint typecheck docs wheel-check pytest
 
 bench: $(STAMP)
 	$(BIN)/python bench/writer.py
@@ -49,4 +61,4 @@ chaos: $(STAMP)
 	$(BIN)/pytest -m chaos tests/chaos
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist site *.egg-info

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from relayer.errors import RelayerError
+from relayer.errors import RelayerError, install_command
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _package_dir(package: str, extra_hint: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddedServiceError(
-            f"the {package!r} package is not installed; install relayer[{extra_hint}] "
+            f"the {package!r} package is not installed; install it ({install_command(extra_hint)}) "
             "or configure a server of your own"
         )
     return Path(next(iter(spec.submodule_search_locations)))

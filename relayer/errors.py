@@ -6,6 +6,14 @@ Driver errors are translated once, at the edge (store, writer, transports), with
 
 from __future__ import annotations
 
+# The name relayer is installed under (the import package and the command are ``relayer``).
+DISTRIBUTION = "relayer-outbox"
+
+
+def install_command(extra: str) -> str:
+    """The pip command that installs one of relayer's extras, for messages that name it."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
 
 class RelayerError(Exception):
     """Root of every error relayer raises on purpose."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from relayer.connection import connect
-from relayer.errors import RelayerError, StoreError, UsageError
+from relayer.errors import RelayerError, StoreError, UsageError, install_command
 from relayer.redact import redact
 from relayer.relay import Scan
 from relayer.sql import queries_for
@@ -44,7 +44,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 # Up to this many ids, observe_ages reads every id's timestamp for the histogram's sum; above
 # it, evenly spaced ones (about SUM_SAMPLE / 2).
 SUM_SAMPLE = 64
-_INSTALL_HINT = "pip install 'relayer[metrics]'"
+_INSTALL_HINT = install_command("metrics")
 
 
 class Histogram:

@@ -2,8 +2,9 @@
 
 Sources, strongest first: keyword arguments, environment variables (``RELAYER_`` prefix, ``__``
 for nesting, e.g. ``RELAYER_STORES__ORDERS__LANES=32``), then an optional TOML file
-(``--config FILE`` or ``RELAYER_CONFIG``). Every rule is checked at start-up; a violation
-raises :class:`~relayer.errors.ConfigurationError` naming the field, the value and the rule.
+(``--config FILE``, else ``RELAYER_CONFIG``, else ``./relayer.toml`` when it exists). Every
+rule is checked at start-up; a violation raises :class:`~relayer.errors.ConfigurationError`
+naming the field, the value and the rule.
 """
 
 from __future__ import annotations
@@ -395,13 +396,30 @@ class _RelationError(ValueError):
         self.rule = rule
 
 
-def load_settings(config_file: str | Path | None = None, **overrides: Any) -> RelayerSettings:
-    """Build the settings from ``overrides``, the environment and the TOML ``config_file``.
+DEFAULT_CONFIG_FILE = Path("relayer.toml")
 
-    ``config_file`` defaults to ``RELAYER_CONFIG``. Raises ConfigurationError on any rule.
+
+def config_file_path(config_file: str | Path | None = None) -> Path | None:
+    """The TOML file the settings come from, or None for none.
+
+    The first that applies: ``config_file`` (``--config``); ``RELAYER_CONFIG`` (set but empty:
+    no file at all); ``relayer.toml`` in the current directory when it exists.
     """
-    path_value = config_file if config_file is not None else os.environ.get("RELAYER_CONFIG")
-    path = Path(path_value) if path_value else None
+    if config_file is not None:
+        return Path(config_file)
+    from_environment = os.environ.get("RELAYER_CONFIG")
+    if from_environment is not None:
+        return Path(from_environment) if from_environment else None
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> RelayerSettings:
+    """Build the settings from ``overrides``, the environment and a TOML file.
+
+    The file is ``config_file``, else ``RELAYER_CONFIG``, else ``./relayer.toml`` when it exists
+    (see :func:`config_file_path`). Raises ConfigurationError on any rule.
+    """
+    path = config_file_path(config_file)
     if path is not None:
         _check_toml(path)
     token = _config_file.set(path)

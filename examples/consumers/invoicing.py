@@ -39,7 +39,10 @@ def invoice(body: bytes, claim: Claim) -> tuple[Any, ...]:
 
 
 def report(claim: Claim, key: str | None) -> None:
-    """Log what the claim says about the key's sequence numbers, when anything is off."""
+    """Log what was done with the message, and what its claim says about the key's sequence
+    numbers when anything is off."""
+    if claim:
+        logger.info("customer %s: invoiced (message %s)", key, claim.message_id)
     if claim.outcome is Outcome.GAP:
         missing = claim.missing
         logger.warning(

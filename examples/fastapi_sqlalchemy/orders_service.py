@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Request
 from pydantic import BaseModel, Field
 from sqlalchemy import DateTime, ForeignKey, String, func, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
@@ -59,6 +59,10 @@ class NewOrder(BaseModel):
     customer_id: str = Field(min_length=1, max_length=64)
     product_id: str = Field(min_length=1, max_length=64)
     quantity: int = Field(gt=0, le=1000)
+
+
+class Stock(BaseModel):
+    stock: int = Field(ge=0)
 
 
 class PlacedOrder(BaseModel):
@@ -109,6 +113,17 @@ def create_app(
             await engine.dispose()
 
     app = FastAPI(title="orders", lifespan=lifespan)
+
+    @app.put("/products/{product_id}")
+    async def set_stock(
+        product_id: Annotated[str, Path(min_length=1, max_length=64)],
+        stock: Stock,
+        session: Annotated[AsyncSession, Depends(open_session)],
+    ) -> Stock:
+        """Create the product or replace its stock (how the README stocks the shop)."""
+        async with session.begin():
+            await session.merge(Product(id=product_id, stock=stock.stock))
+        return stock
 
     @app.post("/orders", status_code=201)
     async def place_order(

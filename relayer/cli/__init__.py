@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"relayer {__version__}")
     parser.add_argument(
-        "--config", metavar="FILE", help="TOML configuration file (default: $RELAYER_CONFIG)"
+        "--config",
+        metavar="FILE",
+        help="TOML configuration file (default: $RELAYER_CONFIG, else ./relayer.toml if it exists)",
     )
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])

@@ -16,7 +16,7 @@ from datetime import timedelta
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from relayer.errors import ConfigurationError
+from relayer.errors import ConfigurationError, install_command
 from relayer.settings import StoreSettings, TransportSettings
 from relayer.transports.base import Transport
 from relayer.transports.options import TransportOptionError
@@ -127,7 +127,7 @@ def _import_built_in(field: str, kind: str, built_in: _BuiltIn) -> Any:
             f"{field}.type",
             kind,
             f"needs the {built_in.driver} package, which is not installed; install the "
-            f"extra: pip install 'relayer[{built_in.extra}]'",
+            f"extra: {install_command(built_in.extra or kind)}",
         ) from exc
     return getattr(module, built_in.factory)
 

@@ -5,7 +5,7 @@ import pytest
 
 from relayer.errors import ConfigurationError
 from relayer.redact import is_secret_name, redact, redact_mapping
-from relayer.settings import load_settings, store_settings
+from relayer.settings import config_file_path, load_settings, store_settings
 
 HOSTILE_IDENTIFIERS = [
     'x"; drop table y; --',
@@ -210,6 +210,41 @@ def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
     config.write_text("[stores.billing]\nlanes = 4\n")
     monkeypatch.setenv("RELAYER_CONFIG", str(config))
     assert load_settings().store("billing").lanes == 4
+
+
+def test_relayer_toml_in_the_current_directory_is_read_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "relayer.toml").write_text("[stores.billing]\nlanes = 4\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RELAYER_CONFIG", raising=False)
+    assert config_file_path() == Path("relayer.toml")
+    assert load_settings().store("billing").lanes == 4
+
+
+def test_config_file_precedence_argument_then_environment_then_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "relayer.toml").write_text("[stores.billing]\nlanes = 4\n")
+    (tmp_path / "from-environment.toml").write_text("[stores.billing]\nlanes = 8\n")
+    (tmp_path / "from-argument.toml").write_text("[stores.billing]\nlanes = 16\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RELAYER_CONFIG", "from-environment.toml")
+    assert load_settings("from-argument.toml").store("billing").lanes == 16
+    assert load_settings().store("billing").lanes == 8
+    monkeypatch.setenv("RELAYER_CONFIG", "")  # set but empty: no file, not even ./relayer.toml
+    assert config_file_path() is None
+    assert load_settings().stores == {}
+
+
+def test_no_relayer_toml_in_the_current_directory_means_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "relayer.toml").mkdir()  # not a file: ignored, not an error
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RELAYER_CONFIG", raising=False)
+    assert config_file_path() is None
+    assert load_settings().stores == {}
 
 
 def test_errors_in_the_toml_file_name_the_field(tmp_path: Path) -> None:

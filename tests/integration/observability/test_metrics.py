@@ -215,7 +215,7 @@ def test_metrics_port_without_the_extra_exits_2_naming_it(memory_store: StoreSet
         check=False,
     )
     assert result.returncode == 2, result.stderr
-    assert "relayer[metrics]" in result.stderr and "prometheus-client" in result.stderr
+    assert "relayer-outbox[metrics]" in result.stderr and "prometheus-client" in result.stderr
     assert result.stderr.count("\n") == 1  # one line, no traceback
 
 

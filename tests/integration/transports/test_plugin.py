@@ -22,7 +22,9 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "plugin_transport"
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The example installed into a throw-away directory put on sys.path (the venv stays)."""
+    """The example installed into a throw-away directory put on sys.path (the venv stays),
+    with the command its README gives (plus the target)."""
+    assert "`pip install ./examples/plugin_transport`" in (EXAMPLE / "README.md").read_text()
     target = tmp_path_factory.mktemp("plugin")
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
                str(target), str(EXAMPLE)]  # fmt: skip

@@ -89,7 +89,7 @@ def test_a_missing_extra_says_which_to_install(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(registry.importlib, "import_module", without_kafka)
     with pytest.raises(ConfigurationError) as caught:
         create_transport("orders", "events", settings("kafka"))
-    assert "pip install 'relayer[kafka]'" in str(caught.value)
+    assert "pip install 'relayer-outbox[kafka]'" in str(caught.value)
 
 
 def make_memory(name: str, options: Any) -> MemoryTransport:
