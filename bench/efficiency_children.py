@@ -34,7 +34,7 @@ from bench.transport_bare import messages
 from relayer.transports.base import OutgoingMessage, Transport
 
 KEYS = 10_000
-WRITERS = 4
+WRITERS = 16  # enough that a slow fsync at commit does not hold the rate back
 FLOOR_BATCH = 500
 
 
