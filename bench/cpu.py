@@ -153,7 +153,8 @@ class Meter:
                     self._names[key] = name
         for group, pids_now in self.backends.items():
             for pid in await pids_now():
-                seconds = thread_seconds(pid, pid)
+                # A server elsewhere (or in a container) has pids this machine cannot read.
+                seconds = thread_seconds(pid, pid) if is_local_postgres(pid) else None
                 if seconds is not None:
                     key = (group, pid, pid)
                     readings[key] = seconds
@@ -177,8 +178,12 @@ class Meter:
     async def stop(self) -> Window:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the caller is being cancelled (Ctrl-C), not just the sampler
             self._task = None
         final = await self.read()
         seconds = time.perf_counter() - self._started

@@ -507,7 +507,10 @@ def main() -> None:
         DEFAULT_LANES,
         *(lanes for lanes in arguments.lanes if lanes != DEFAULT_LANES),
     ]
-    asyncio.run(main_async(arguments))
+    try:
+        asyncio.run(main_async(arguments))
+    except KeyboardInterrupt:  # the scratch schemas, the worker and the children are gone
+        raise SystemExit("efficiency.py: interrupted") from None
 
 
 if __name__ == "__main__":
