@@ -293,6 +293,7 @@ async def measure_all(environment: Environment) -> dict[str, Row]:
     for number in range(1, rounds + 1):
         order = runs if number % 2 else list(reversed(runs))
         for name, run in order:
+            print(f"round {number}/{rounds}: {name} ...", file=sys.stderr, flush=True)
             row = await run()
             results[name].append(row)
             if rounds > 1:

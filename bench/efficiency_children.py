@@ -107,6 +107,7 @@ def floor(options: dict[str, Any]) -> None:
         options["dsn"],
         application_name="efficiency-floor",
         options="-c synchronous_commit=off -c enable_bitmapscan=off",
+        prepare_threshold=0,  # every statement server-side prepared from its first run
     ) as conn:
         backend = conn.info.backend_pid
         conn.execute(

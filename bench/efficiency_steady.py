@@ -126,6 +126,12 @@ def print_steady(
         f"({len(committed):,} rows); measured over {window.seconds:.1f} s after the warm-up "
         f"({messages:,} rows committed in the window; {messages / window.seconds:,.0f} rows/s)"
     )
+    achieved = messages / window.seconds
+    if achieved < 0.9 * arguments.steady_rate:
+        print(
+            f"- the writer reached only {achieved:,.0f} of {arguments.steady_rate:,.0f} rows/s "
+            "(the machine is saturated): the figures below are for that rate"
+        )
     print()
     print("| process | CPU µs/msg | % of a core |")
     print("|---|---|---|")
