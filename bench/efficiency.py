@@ -7,9 +7,9 @@
 Contenders, measured in one run against the same PostgreSQL and brokers:
 - relay -> Kafka / RabbitMQ / memory: ``relayer --config FILE run STORE`` (the real CLI, default
   worker settings; the store has 64 lanes, the default batch size and notify on) started on an
-  empty outbox; once it serves, N rows (200-byte bodies, 10,000 keys) are written in ONE
-  transaction; CPU counters are read right before its COMMIT and again when the outbox is
-  empty. msg/s = N / (empty - committed).
+  empty outbox; once it serves and has relayed 1,000 unmeasured rows, N rows (200-byte
+  bodies, 10,000 keys) are written in ONE transaction; CPU counters are read right before its
+  COMMIT and again when the outbox is empty. msg/s = N / (empty - committed).
 - bare confluent-kafka producer and bare RabbitMQ publisher (aio-pika, pipelined confirms), in
   a child process, the same messages from memory; the child measures its own CPU around the
   send loop only.
@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -60,8 +61,8 @@ from bench.efficiency_processes import (
     backends_of,
     cli_worker,
     destination,
+    drained,
     kafka_broker,
-    outbox_empty,
     rabbitmq_pids,
     rabbitmq_queue,
     tansu_pids,
@@ -75,6 +76,7 @@ from relayer.redact import redact
 ROOT = Path(__file__).resolve().parents[1]
 TRANSPORTS = ("kafka", "rabbitmq", "memory")
 DEFAULT_LANES = 64
+WARM_UP_ROWS = 1_000  # relayed before each drain's backlog, not measured
 
 
 @dataclass
@@ -142,8 +144,11 @@ async def relay_drain(environment: Environment, transport: str, lanes: int) -> R
             await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
             cli_worker(config, store, folder) as worker,
         ):
-            await asyncio.sleep(1)  # membership settled, lanes scheduled
             async with await psycopg.AsyncConnection.connect(environment.dsn) as writer:
+                # Unmeasured: the pool's connections, the producer's id and the topic's
+                # metadata are in place before the backlog, as in a worker that has been up.
+                await write_backlog(writer, store, WARM_UP_ROWS, target, commit=True)
+                await drained(monitor, store, worker)
                 await write_backlog(writer, store, rows, target, commit=False)
                 meter = Meter(
                     {"worker": worker.pid, "broker": environment.broker_pids.get(transport, [])},
@@ -153,9 +158,7 @@ async def relay_drain(environment: Environment, transport: str, lanes: int) -> R
                 await meter.start()
                 await writer.commit()
                 committed = time.perf_counter()
-            while not await outbox_empty(monitor, store):
-                worker.check()
-                await asyncio.sleep(0.02)
+            await drained(monitor, store, worker)
             seconds = time.perf_counter() - committed
             window = await meter.stop()
     path = f"relay -> {LABELS[transport]}" + (
@@ -370,6 +373,10 @@ def commit() -> str:
 
 
 async def main_async(arguments: argparse.Namespace) -> None:
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    # SIGTERM unwinds like Ctrl-C: the worker, the children and the scratch schemas go too.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     with postgres(arguments.dsn) as dsn, contextlib.ExitStack() as stack:
         print(f"machine: {machine()}; {server_version(dsn)}")
         print(f"commit: {commit()}")
@@ -510,7 +517,7 @@ def main() -> None:
     ]
     try:
         asyncio.run(main_async(arguments))
-    except KeyboardInterrupt:  # the scratch schemas, the worker and the children are gone
+    except (KeyboardInterrupt, asyncio.CancelledError):  # everything it started is gone
         raise SystemExit("efficiency.py: interrupted") from None
 
 

@@ -254,3 +254,12 @@ async def outbox_empty(conn: psycopg.AsyncConnection[Any], store: StoreSettings)
     table = sql.Identifier(store.db_schema, store.names.table("outbox"))
     cursor = await conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(table))
     return await cursor.fetchone() is None
+
+
+async def drained(
+    conn: psycopg.AsyncConnection[Any], store: StoreSettings, worker: WorkerProcess
+) -> None:
+    """Return once ``store``'s outbox is empty (raise if the worker exits first)."""
+    while not await outbox_empty(conn, store):
+        worker.check()
+        await asyncio.sleep(0.02)

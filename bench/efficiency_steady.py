@@ -25,7 +25,7 @@ from bench.efficiency_processes import (
     backends_of,
     cli_worker,
     destination,
-    outbox_empty,
+    drained,
     transport_options,
     write_config,
 )
@@ -99,9 +99,7 @@ async def steady(environment: Environment, transport: str) -> None:
             window = await meter.stop()
             closed = time.time()
             await writer.result()
-            while not await outbox_empty(monitor, store):
-                worker.check()
-                await asyncio.sleep(0.1)
+            await drained(monitor, store, worker)
             await worker.stop()
         committed: dict[str, float] = json.loads(committed_file.read_text())
         sampled: dict[str, Any] = json.loads(acks.read_text()) if acks.exists() else {}
