@@ -62,7 +62,6 @@ from bench.efficiency_processes import (
     cli_worker,
     destination,
     drained,
-    kafka_broker,
     rabbitmq_pids,
     rabbitmq_queue,
     tansu_pids,
@@ -71,6 +70,7 @@ from bench.efficiency_processes import (
 )
 from bench.efficiency_steady import LABELS, SETTLE, idle, steady
 from bench.relay import applied, make_store, write_backlog
+from bench.transport_bare import kafka_cluster
 from relayer.redact import redact
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +115,11 @@ def window_row(path: str, window: Window, messages: int, rate: float) -> Row:
             for name, seconds in window.by_name("worker other").items()
         },
     )
+    if not window.has("backends"):
+        row.notes.append(
+            "no PostgreSQL session of the worker found (application_name relayer:...STORE..., "
+            "on this machine's PostgreSQL): its backends' CPU is not counted"
+        )
     for group, count in window.vanished.items():
         row.notes.append(
             f"{count} {group} thread(s)/backend(s) exited mid-run (CPU to last sample)"
@@ -383,7 +388,7 @@ async def main_async(arguments: argparse.Namespace) -> None:
         print("command: " + shlex.join([Path(sys.executable).name, *sys.argv]))
         environment = Environment(dsn, arguments)
         if "kafka" in arguments.transports:
-            environment.bootstrap = stack.enter_context(kafka_broker(arguments.kafka_bootstrap))
+            environment.bootstrap = stack.enter_context(kafka_cluster(arguments.kafka_bootstrap))
             pids = tansu_pids(environment.bootstrap)
             if pids:
                 environment.broker_pids["kafka"] = pids

@@ -34,7 +34,10 @@ from bench.transport_bare import messages
 from relayer.transports.base import OutgoingMessage, Transport
 
 KEYS = 10_000
-WRITERS = 16  # enough that a slow fsync at commit does not hold the rate back
+# The steady writer: processes (so that a busy machine's scheduler gives it enough CPU) and
+# connections in each (so that slow commits do not hold the rate back).
+WRITER_PROCESSES = 4
+WRITER_CONNECTIONS = 8
 FLOOR_BATCH = 500
 
 
@@ -225,13 +228,15 @@ async def writer(options: dict[str, Any]) -> None:
 
     store = load_settings(options["config"]).store(options["store"])
     outbox = Outbox(store)
-    interval = WRITERS / options["rate"]
+    first = options["process"] * WRITER_CONNECTIONS  # this process's first connection number
+    everyone = WRITER_PROCESSES * WRITER_CONNECTIONS
+    interval = everyone / options["rate"]  # options["rate"]: all processes together
     committed: dict[str, float] = {}
     connections = [
         await psycopg.AsyncConnection.connect(
             store.require_dsn(), application_name=options["application_name"]
         )
-        for _ in range(WRITERS)
+        for _ in range(WRITER_CONNECTIONS)
     ]
     backends = [conn.info.backend_pid for conn in connections]
     await asyncio.to_thread(ready, backends=backends)
@@ -239,7 +244,7 @@ async def writer(options: dict[str, Any]) -> None:
 
     async def write(conn: psycopg.AsyncConnection[Any], index: int) -> None:
         number = 0
-        offset = index / WRITERS * interval  # the connections take turns
+        offset = index / everyone * interval  # the connections take turns
         while (elapsed := time.perf_counter() - started) < options["seconds"]:
             pause = offset + number * interval - elapsed
             if pause > 0:
@@ -248,14 +253,14 @@ async def writer(options: dict[str, Any]) -> None:
                 conn,
                 destination=options["destination"],
                 body=b"x" * 200,
-                key=f"key-{(number * WRITERS + index) % KEYS}",
+                key=f"key-{(number * everyone + index) % KEYS}",
             )
             await conn.commit()
             committed[str(message_id)] = time.time()
             number += 1
 
     async with asyncio.TaskGroup() as group:
-        for index, conn in enumerate(connections):
+        for index, conn in enumerate(connections, start=first):
             group.create_task(write(conn, index))
     result = spent(before, seconds=time.perf_counter() - started, rows=len(committed))
     for conn in connections:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,6 @@ class Environment:
     arguments: argparse.Namespace
     bootstrap: str | None = None
     broker_pids: dict[str, list[int]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 def tansu_pids(bootstrap: str) -> list[int]:
@@ -47,14 +46,6 @@ def tansu_pids(bootstrap: str) -> list[int]:
 
 def rabbitmq_pids() -> list[int]:
     return find_processes("beam.smp", "rabbit")
-
-
-@contextlib.contextmanager
-def kafka_broker(bootstrap: str | None) -> Iterator[str]:
-    from bench.transport_bare import kafka_cluster
-
-    with kafka_cluster(bootstrap) as address:
-        yield address
 
 
 @contextlib.asynccontextmanager

@@ -16,7 +16,7 @@ import psycopg
 
 from bench.common import scratch_schema
 from bench.cpu import Meter, Window
-from bench.efficiency_children import WRITERS
+from bench.efficiency_children import WRITER_CONNECTIONS, WRITER_PROCESSES
 from bench.efficiency_processes import (
     CHILDREN,
     Child,
@@ -51,7 +51,7 @@ async def steady(environment: Environment, transport: str) -> None:
             make_store(environment.dsn, schema_name, options, notify=True, name=schema_name)
         )
         config = write_config(store, options, folder)
-        acks, committed_file = Path(folder) / "acks.json", Path(folder) / "committed.json"
+        acks = Path(folder) / "acks.json"
         worker_options = {
             "config": config,
             "store": store.name,
@@ -65,30 +65,37 @@ async def steady(environment: Environment, transport: str) -> None:
             WorkerProcess(command, folder) as worker,
         ):
             await asyncio.sleep(1)  # membership settled, lanes scheduled
-            writer = Child(
-                "writer",
-                {
-                    "config": config,
-                    "store": store.name,
-                    "destination": target,
-                    "rate": rate,
-                    "seconds": seconds,
-                    "out": str(committed_file),
-                    "application_name": f"efficiency-writer:{store.name}",
-                },
-            )
-            writer_backends = (await writer.start())["backends"]
+            writers = [
+                Child(
+                    "writer",
+                    {
+                        "config": config,
+                        "store": store.name,
+                        "destination": target,
+                        "rate": rate,
+                        "seconds": seconds,
+                        "process": number,
+                        "out": str(Path(folder) / f"committed-{number}.json"),
+                        "application_name": f"efficiency-writer:{store.name}",
+                    },
+                )
+                for number in range(WRITER_PROCESSES)
+            ]
+            writer_backends = [
+                pid for writer in writers for pid in (await writer.start())["backends"]
+            ]
 
             async def writer_sessions() -> list[int]:
-                return list(writer_backends)
+                return writer_backends
 
-            await writer.go()
+            for writer in writers:
+                await writer.go()
             await asyncio.sleep(warm_up)
             meter = Meter(
                 {
                     "worker": worker.pid,
                     "broker": environment.broker_pids.get(transport, []),
-                    "writer": writer.pid,
+                    "writer": [writer.pid for writer in writers],
                 },
                 {"backends": backends_of(monitor, store.name), "writer backends": writer_sessions},
                 split={"worker"},
@@ -98,10 +105,13 @@ async def steady(environment: Environment, transport: str) -> None:
             await asyncio.sleep(seconds - warm_up - 0.5)  # closes before the writer stops
             window = await meter.stop()
             closed = time.time()
-            await writer.result()
+            for writer in writers:
+                await writer.result()
             await drained(monitor, store, worker)
             await worker.stop()
-        committed: dict[str, float] = json.loads(committed_file.read_text())
+        committed: dict[str, float] = {}
+        for number in range(WRITER_PROCESSES):
+            committed.update(json.loads((Path(folder) / f"committed-{number}.json").read_text()))
         sampled: dict[str, Any] = json.loads(acks.read_text()) if acks.exists() else {}
     inside = sum(1 for at in committed.values() if opened <= at < closed)
     print_steady(environment, transport, window, inside, committed, sampled, opened)
@@ -120,7 +130,8 @@ def print_steady(
     print()
     print(
         f"Steady: {arguments.steady_rate:,.0f} rows/s for {arguments.steady_seconds:g} s to "
-        f"{LABELS[transport]}, one row per transaction over {WRITERS} writer connections "
+        f"{LABELS[transport]}, one row per transaction over {WRITER_PROCESSES} writer processes "
+        f"of {WRITER_CONNECTIONS} connections "
         f"({len(committed):,} rows); measured over {window.seconds:.1f} s after the warm-up "
         f"({messages:,} rows committed in the window; {messages / window.seconds:,.0f} rows/s)"
     )
