@@ -58,14 +58,20 @@ DELETE = (
 
 
 def make_store(
-    dsn: str, schema_name: str, transport: dict[str, Any] | None = None, *, notify: bool = False
+    dsn: str,
+    schema_name: str,
+    transport: dict[str, Any] | None = None,
+    *,
+    notify: bool = False,
+    name: str = "bench",
+    lanes: int = LANES,
 ) -> StoreSettings:
     return store_settings(
-        name="bench",
+        name=name,
         dsn=dsn,
         schema=schema_name,
         table_prefix="r_",
-        lanes=LANES,
+        lanes=lanes,
         poll_interval="0.2s",
         notify=notify,
         transports={"broker": transport or {"type": "memory"}},
@@ -74,15 +80,29 @@ def make_store(
 
 
 async def fill(store: StoreSettings, rows: int, destination: str = "events") -> None:
-    outbox = Outbox(store)
     async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
-        for start in range(0, rows, 5_000):
-            count = min(5_000, rows - start)
-            messages = [
-                OutboxMessage(destination, BODY, key=f"key-{(start + index) % KEYS}")
-                for index in range(count)
-            ]
-            await outbox.write_many_async(conn, messages)
+        await write_backlog(conn, store, rows, destination, commit=True)
+
+
+async def write_backlog(
+    conn: psycopg.AsyncConnection[Any],
+    store: StoreSettings,
+    rows: int,
+    destination: str,
+    *,
+    commit: bool,
+) -> None:
+    """Write ``rows`` 200-byte rows over KEYS keys in batches of 5,000, each committed if
+    ``commit``, else all left in the caller's open transaction."""
+    outbox = Outbox(store)
+    for start in range(0, rows, 5_000):
+        count = min(5_000, rows - start)
+        messages = [
+            OutboxMessage(destination, BODY, key=f"key-{(start + index) % KEYS}")
+            for index in range(count)
+        ]
+        await outbox.write_many_async(conn, messages)
+        if commit:
             await conn.commit()
 
 

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from relayer.transports.base import OutgoingMessage, Transport
 
@@ -97,7 +98,8 @@ def create_topic(bootstrap: str, partitions: int = 8) -> str:
     return topic
 
 
-def bare_kafka(bootstrap: str, topic: str, batch: Sequence[OutgoingMessage]) -> float:
+def kafka_producer(bootstrap: str, topic: str) -> Any:
+    """A confluent-kafka producer with KafkaTransport's settings, past its first delivery."""
     from confluent_kafka import Producer
 
     from relayer.transports.kafka_rules import check_config
@@ -105,6 +107,11 @@ def bare_kafka(bootstrap: str, topic: str, batch: Sequence[OutgoingMessage]) -> 
     producer = Producer(check_config({"bootstrap.servers": bootstrap}, None))
     producer.produce(topic, b"warm-up", b"warm-up")
     producer.flush(30)  # the first delivery waits ~0.5 s for the idempotent producer id
+    return producer
+
+
+def produce_all(producer: Any, topic: str, batch: Sequence[OutgoingMessage]) -> None:
+    """Produce ``batch`` and wait until the broker acknowledged every message."""
     delivered = 0
 
     def on_delivery(error: object, _message: object) -> None:
@@ -112,7 +119,6 @@ def bare_kafka(bootstrap: str, topic: str, batch: Sequence[OutgoingMessage]) -> 
         if error is None:
             delivered += 1
 
-    started = time.perf_counter()
     for message in batch:
         headers = [("relayer-message-id", message.id_text)]
         while True:
@@ -126,9 +132,14 @@ def bare_kafka(bootstrap: str, topic: str, batch: Sequence[OutgoingMessage]) -> 
                 producer.poll(0.01)
         producer.poll(0)
     producer.flush(60)
-    seconds = time.perf_counter() - started
     assert delivered == len(batch), f"only {delivered} of {len(batch)} delivered"
-    return seconds
+
+
+def bare_kafka(bootstrap: str, topic: str, batch: Sequence[OutgoingMessage]) -> float:
+    producer = kafka_producer(bootstrap, topic)
+    started = time.perf_counter()
+    produce_all(producer, topic, batch)
+    return time.perf_counter() - started
 
 
 async def kafka_transport(bootstrap: str, topic: str, batch: Sequence[OutgoingMessage]) -> float:
@@ -152,24 +163,30 @@ async def bare_rabbitmq(url: str, queue: str, batch: Sequence[OutgoingMessage]) 
     connection = await aio_pika.connect(url)
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchange = channel.default_exchange
-        window: list[Awaitable[object]] = []
         started = time.perf_counter()
-        for message in batch:
-            outgoing = aio_pika.Message(
-                message.body,
-                message_id=message.id_text,
-                headers={"relayer-message-id": message.id_text},
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            )
-            window.append(asyncio.ensure_future(exchange.publish(outgoing, queue)))
-            if len(window) >= 1_000:
-                await asyncio.gather(*window)
-                window.clear()
-        await asyncio.gather(*window)
+        await publish_all(channel.default_exchange, queue, batch)
         return time.perf_counter() - started
     finally:
         await connection.close()
+
+
+async def publish_all(exchange: Any, queue: str, batch: Sequence[OutgoingMessage]) -> None:
+    """Publish ``batch`` with up to 1,000 confirms outstanding; return when all are confirmed."""
+    import aio_pika
+
+    window: list[Awaitable[object]] = []
+    for message in batch:
+        outgoing = aio_pika.Message(
+            message.body,
+            message_id=message.id_text,
+            headers={"relayer-message-id": message.id_text},
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        window.append(asyncio.ensure_future(exchange.publish(outgoing, queue)))
+        if len(window) >= 1_000:
+            await asyncio.gather(*window)
+            window.clear()
+    await asyncio.gather(*window)
 
 
 async def rabbitmq_transport(url: str, queue: str, batch: Sequence[OutgoingMessage]) -> float:

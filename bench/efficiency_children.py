@@ -1,0 +1,289 @@
+"""The processes bench/efficiency.py measures, each started as ``python THIS KIND JSON``.
+
+- ``bare-kafka``, ``bare-rabbitmq``, ``floor``: set up, print ``{"ready": ...}``, wait for a
+  line on stdin, do the measured work, print one JSON line with its own CPU seconds (main
+  thread and whole process, ``time.thread_time`` / ``time.process_time``) around that work.
+- ``worker``: relayer.worker.Worker as ``relayer run`` builds it from the same TOML file, with
+  every transport wrapped in a SampledAckClock; on SIGTERM it stops gracefully and writes the
+  sampled acknowledgement times to a file (steady mode's commit-to-ack latency).
+- ``writer``: commits one outbox row per transaction at a steady rate over a few connections,
+  and writes each row's commit time to a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from psycopg import sql
+
+from bench.cpu import is_local_postgres, thread_seconds
+from bench.latency import AckClock
+from bench.transport_bare import messages
+from relayer.transports.base import OutgoingMessage, Transport
+
+KEYS = 10_000
+# The steady writer: processes (so that a busy machine's scheduler gives it enough CPU) and
+# connections in each (so that slow commits do not hold the rate back).
+WRITER_PROCESSES = 4
+WRITER_CONNECTIONS = 8
+FLOOR_BATCH = 500
+
+
+def report(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload), flush=True)
+
+
+def ready(**details: Any) -> None:
+    """Tell the parent the set-up is done, and wait until it has read its counters."""
+    report({"ready": details})
+    sys.stdin.readline()
+
+
+def clocks() -> tuple[float, float]:
+    return time.thread_time(), time.process_time()
+
+
+def spent(before: tuple[float, float], **extra: Any) -> dict[str, Any]:
+    main, total = clocks()
+    return {"main": main - before[0], "process": total - before[1], **extra}
+
+
+# -- bare producers --------------------------------------------------------------------------
+
+
+def bare_kafka(options: dict[str, Any]) -> None:
+    from bench.transport_bare import kafka_producer, produce_all
+
+    batch = messages(options["rows"], KEYS, options["topic"])
+    producer = kafka_producer(options["bootstrap"], options["topic"])
+    ready()
+    started, before = time.perf_counter(), clocks()
+    produce_all(producer, options["topic"], batch)
+    report(spent(before, seconds=time.perf_counter() - started))
+
+
+async def bare_rabbitmq(options: dict[str, Any]) -> None:
+    import aio_pika
+
+    from bench.transport_bare import publish_all
+
+    batch = messages(options["rows"], KEYS, "")
+    connection = await aio_pika.connect(options["url"])
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await asyncio.to_thread(ready)
+        started, before = time.perf_counter(), clocks()
+        await publish_all(channel.default_exchange, options["queue"], batch)
+        report(spent(before, seconds=time.perf_counter() - started))
+    finally:
+        await connection.close()
+
+
+# -- the least PostgreSQL work ---------------------------------------------------------------
+
+
+def floor(options: dict[str, Any]) -> None:
+    """Per lane, in one transaction: lock its lease row, read up to 500 rows head first,
+    delete them by an id array, commit; until every row is gone. The connection has the
+    relay's batch settings (no bitmap scans, asynchronous commit)."""
+    outbox = sql.Identifier(options["schema"], options["outbox"])
+    leases = sql.Identifier(options["schema"], options["leases"])
+    lock = sql.SQL("SELECT token FROM {} WHERE name = %s FOR UPDATE").format(leases)
+    read = sql.SQL(
+        "SELECT id, ordering_key, transport, destination, body, headers::text "
+        "FROM {} WHERE lane = %s ORDER BY id LIMIT %s"
+    ).format(outbox)
+    delete = sql.SQL("DELETE FROM {} WHERE lane = %s AND id = ANY(%s)").format(outbox)
+    with psycopg.connect(
+        options["dsn"],
+        application_name="efficiency-floor",
+        options="-c synchronous_commit=off -c enable_bitmapscan=off",
+        prepare_threshold=0,  # every statement server-side prepared from its first run
+    ) as conn:
+        backend = conn.info.backend_pid
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (name, lane, owner, token, expires_at) "
+                "SELECT 'lane:' || lane, lane, '', %s, 'infinity' "
+                "FROM pg_catalog.generate_series(0, %s - 1) AS lane ON CONFLICT (name) DO NOTHING"
+            ).format(leases),
+            (uuid.uuid4(), options["lanes"]),
+        )
+        conn.commit()
+        ready(backend=backend)
+        backend_before = thread_seconds(backend, backend)
+        started, before = time.perf_counter(), clocks()
+        deleted = 0
+        lanes = list(range(options["lanes"]))
+        while lanes:
+            busy = []
+            for lane in lanes:
+                conn.execute(lock, (f"lane:{lane}",))
+                ids = [row[0] for row in conn.execute(read, (lane, FLOOR_BATCH)).fetchall()]
+                if ids:
+                    deleted += conn.execute(delete, (lane, ids)).rowcount
+                    busy.append(lane)
+                conn.commit()
+            lanes = busy
+        backend_after = thread_seconds(backend, backend)
+        backend_seconds = (
+            None
+            if backend_before is None or backend_after is None or not is_local_postgres(backend)
+            else backend_after - backend_before
+        )
+        report(
+            spent(
+                before,
+                seconds=time.perf_counter() - started,
+                rows=deleted,
+                backend=backend_seconds,
+            )
+        )
+
+
+# -- the worker, with acknowledgement times --------------------------------------------------
+
+
+class SampledAckClock(AckClock):
+    """AckClock for one message in ``every``: the others pass through untouched, so the
+    clock adds almost nothing to the worker's CPU. Any method the relay calls that this
+    wrapper does not know goes to the transport unclocked."""
+
+    def __init__(self, inner: Transport, every: int) -> None:
+        super().__init__(inner)
+        self.every = every
+        self.seen = 0
+        self.samples: list[tuple[object, float]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
+        acknowledgement = await self.inner.publish(message)
+        self.seen += 1
+        if self.seen % self.every:
+            return acknowledgement
+        future = asyncio.ensure_future(acknowledgement)
+        message_id = message.id
+        samples = self.samples
+
+        def acknowledged(done: asyncio.Future[None]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                samples.append((message_id, time.time()))
+
+        future.add_done_callback(acknowledged)
+        return future
+
+
+def worker(options: dict[str, Any]) -> None:
+    from relayer.logs import configure
+    from relayer.settings import load_settings
+    from relayer.transports.registry import create_transports
+    from relayer.worker import Worker
+
+    settings = load_settings(options["config"])
+    configure(settings.log_level, settings.log_format)
+    store = settings.store(options["store"])
+    wrapped = {
+        name: SampledAckClock(transport, options["every"])
+        for name, transport in create_transports(store).items()
+    }
+    relay = Worker(
+        [store],
+        transports={store.name: wrapped},
+        settings=settings.worker,  # type: ignore[dict-item]
+    )
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await relay.run(stop)
+
+    asyncio.run(serve())
+    acked = {str(message_id): at for clock in wrapped.values() for message_id, at in clock.samples}
+    published = sum(clock.seen for clock in wrapped.values())
+    Path(options["acks"]).write_text(json.dumps({"acked": acked, "published": published}))
+
+
+# -- the steady writer -----------------------------------------------------------------------
+
+
+async def writer(options: dict[str, Any]) -> None:
+    from relayer import Outbox
+    from relayer.settings import load_settings
+
+    store = load_settings(options["config"]).store(options["store"])
+    outbox = Outbox(store)
+    first = options["process"] * WRITER_CONNECTIONS  # this process's first connection number
+    everyone = WRITER_PROCESSES * WRITER_CONNECTIONS
+    interval = everyone / options["rate"]  # options["rate"]: all processes together
+    committed: dict[str, float] = {}
+    connections = [
+        await psycopg.AsyncConnection.connect(
+            store.require_dsn(), application_name=options["application_name"]
+        )
+        for _ in range(WRITER_CONNECTIONS)
+    ]
+    backends = [conn.info.backend_pid for conn in connections]
+    await asyncio.to_thread(ready, backends=backends)
+    started, before = time.perf_counter(), clocks()
+
+    async def write(conn: psycopg.AsyncConnection[Any], index: int) -> None:
+        number = 0
+        offset = index / everyone * interval  # the connections take turns
+        while (elapsed := time.perf_counter() - started) < options["seconds"]:
+            pause = offset + number * interval - elapsed
+            if pause > 0:
+                await asyncio.sleep(pause)
+            message_id = await outbox.write_async(
+                conn,
+                destination=options["destination"],
+                body=b"x" * 200,
+                key=f"key-{(number * everyone + index) % KEYS}",
+            )
+            await conn.commit()
+            committed[str(message_id)] = time.time()
+            number += 1
+
+    async with asyncio.TaskGroup() as group:
+        for index, conn in enumerate(connections, start=first):
+            group.create_task(write(conn, index))
+    result = spent(before, seconds=time.perf_counter() - started, rows=len(committed))
+    for conn in connections:
+        await conn.close()
+    await asyncio.to_thread(Path(options["out"]).write_text, json.dumps(committed))
+    report(result)
+
+
+def main() -> None:
+    kind, options = sys.argv[1], json.loads(sys.argv[2])
+    if kind == "bare-kafka":
+        bare_kafka(options)
+    elif kind == "bare-rabbitmq":
+        asyncio.run(bare_rabbitmq(options))
+    elif kind == "floor":
+        floor(options)
+    elif kind == "worker":
+        worker(options)
+    elif kind == "writer":
+        asyncio.run(writer(options))
+    else:
+        raise SystemExit(f"unknown kind {kind!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""bench/efficiency.py's steady and idle modes: CPU per message at a production-like rate, with
+commit-to-acknowledgement latency, and the CPU of a worker that has nothing to send."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from bench.common import scratch_schema
+from bench.cpu import Meter, Window
+from bench.efficiency_children import WRITER_CONNECTIONS, WRITER_PROCESSES
+from bench.efficiency_processes import (
+    CHILDREN,
+    Child,
+    Environment,
+    WorkerProcess,
+    backends_of,
+    cli_worker,
+    destination,
+    drained,
+    transport_options,
+    write_config,
+)
+from bench.relay import applied, make_store
+
+WARM_UP = 5.0  # seconds of writing before the measured window opens
+ACK_SAMPLE = 4  # one message in this many gets an acknowledgement time
+SETTLE = 2.0  # idle mode: seconds after "serving" before the window opens
+
+LABELS = {"kafka": "Kafka", "rabbitmq": "RabbitMQ", "memory": "memory"}
+
+
+async def steady(environment: Environment, transport: str) -> None:
+    arguments = environment.arguments
+    rate, seconds = arguments.steady_rate, arguments.steady_seconds
+    warm_up = min(WARM_UP, seconds / 3)
+    with (
+        scratch_schema(environment.dsn, "efficiency") as schema_name,
+        tempfile.TemporaryDirectory() as folder,
+    ):
+        options = transport_options(environment, transport)
+        store = await applied(
+            make_store(environment.dsn, schema_name, options, notify=True, name=schema_name)
+        )
+        config = write_config(store, options, folder)
+        acks = Path(folder) / "acks.json"
+        worker_options = {
+            "config": config,
+            "store": store.name,
+            "acks": str(acks),
+            "every": ACK_SAMPLE,
+        }
+        command = [sys.executable, str(CHILDREN), "worker", json.dumps(worker_options)]
+        async with (
+            destination(environment, transport) as target,
+            await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
+            WorkerProcess(command, folder) as worker,
+        ):
+            await asyncio.sleep(1)  # membership settled, lanes scheduled
+            writers = [
+                Child(
+                    "writer",
+                    {
+                        "config": config,
+                        "store": store.name,
+                        "destination": target,
+                        "rate": rate,
+                        "seconds": seconds,
+                        "process": number,
+                        "out": str(Path(folder) / f"committed-{number}.json"),
+                        "application_name": f"efficiency-writer:{store.name}",
+                    },
+                )
+                for number in range(WRITER_PROCESSES)
+            ]
+            writer_backends = [
+                pid for writer in writers for pid in (await writer.start())["backends"]
+            ]
+
+            async def writer_sessions() -> list[int]:
+                return writer_backends
+
+            for writer in writers:
+                await writer.go()
+            await asyncio.sleep(warm_up)
+            meter = Meter(
+                {
+                    "worker": worker.pid,
+                    "broker": environment.broker_pids.get(transport, []),
+                    "writer": [writer.pid for writer in writers],
+                },
+                {"backends": backends_of(monitor, store.name), "writer backends": writer_sessions},
+                split={"worker"},
+            )
+            await meter.start()
+            opened = time.time()
+            await asyncio.sleep(seconds - warm_up - 0.5)  # closes before the writer stops
+            window = await meter.stop()
+            closed = time.time()
+            for writer in writers:
+                await writer.result()
+            await drained(monitor, store, worker)
+            await worker.stop()
+        committed: dict[str, float] = {}
+        for number in range(WRITER_PROCESSES):
+            committed.update(json.loads((Path(folder) / f"committed-{number}.json").read_text()))
+        sampled: dict[str, Any] = json.loads(acks.read_text()) if acks.exists() else {}
+    inside = sum(1 for at in committed.values() if opened <= at < closed)
+    print_steady(environment, transport, window, inside, committed, sampled, opened)
+
+
+def print_steady(
+    environment: Environment,
+    transport: str,
+    window: Window,
+    messages: int,
+    committed: dict[str, float],
+    sampled: dict[str, Any],
+    opened: float,
+) -> None:
+    arguments = environment.arguments
+    print()
+    print(
+        f"Steady: {arguments.steady_rate:,.0f} rows/s for {arguments.steady_seconds:g} s to "
+        f"{LABELS[transport]}, one row per transaction over {WRITER_PROCESSES} writer processes "
+        f"of {WRITER_CONNECTIONS} connections "
+        f"({len(committed):,} rows); measured over {window.seconds:.1f} s after the warm-up "
+        f"({messages:,} rows committed in the window; {messages / window.seconds:,.0f} rows/s)"
+    )
+    achieved = messages / window.seconds
+    if achieved < 0.9 * arguments.steady_rate:
+        print(
+            f"- the writer reached only {achieved:,.0f} of {arguments.steady_rate:,.0f} rows/s "
+            "(the machine is saturated): the figures below are for that rate"
+        )
+    print()
+    print("| process | CPU µs/msg | % of a core |")
+    print("|---|---|---|")
+    parts = [
+        ("worker main thread", "worker"),
+        ("worker other threads", "worker other"),
+        ("its PG backends", "backends"),
+        ("broker", "broker"),
+    ]
+    total = 0.0
+    for label, group in parts:
+        if group == "broker" and transport not in environment.broker_pids:
+            print(f"| {label} | - | - |")
+            continue
+        spent = window.group(group)
+        total += spent
+        print(f"| {label} | {spent * 1e6 / messages:.1f} | {spent / window.seconds:.1%} |")
+    print(
+        f"| **total (worker + its sessions + broker)** | **{total * 1e6 / messages:.1f}** | "
+        f"{total / window.seconds:.1%} |"
+    )
+    for label, group in (
+        ("writer (not counted)", "writer"),
+        ("writer's PG backends", "writer backends"),
+    ):
+        spent = window.group(group)
+        print(f"| {label} | {spent * 1e6 / messages:.1f} | {spent / window.seconds:.1%} |")
+    print()
+    named = ", ".join(
+        f"{name} {seconds * 1e6 / messages:.1f}"
+        for name, seconds in window.by_name("worker other").items()
+        if seconds * 1e6 / messages >= 0.05
+    )
+    if named:
+        print(f"- worker other threads: {named}")
+    for group, count in window.vanished.items():
+        print(f"- {count} {group} thread(s)/backend(s) exited mid-window (CPU to last sample)")
+    acked: dict[str, float] = sampled.get("acked", {})
+    latencies = sorted(
+        (acked[message_id] - at) * 1000
+        for message_id, at in committed.items()
+        if at >= opened and message_id in acked
+    )
+    how = (
+        f"measured by a SampledAckClock around the worker's transports (1 message in "
+        f"{ACK_SAMPLE}); the worker here is relayer.worker.Worker built from the same TOML "
+        "by bench/efficiency_children.py, not the CLI"
+    )
+    if len(latencies) < 2:
+        print(
+            f"- commit-to-ack: no acknowledgement recorded ({sampled.get('published', 0):,} "
+            "published through publish()): if the transport API changed, adapt "
+            "SampledAckClock in bench/efficiency_children.py"
+        )
+        return
+    quantiles = statistics.quantiles(latencies, n=100)
+    print(
+        f"- commit-to-ack ({len(latencies):,} samples after the warm-up): p50 "
+        f"{quantiles[49]:.2f} ms, p90 {quantiles[89]:.2f} ms, p99 {quantiles[98]:.2f} ms, "
+        f"max {latencies[-1]:.2f} ms; {how}"
+    )
+
+
+async def idle(environment: Environment, transport: str, lanes: int) -> tuple[float, float]:
+    """% of a core (worker process, its PG sessions) of a worker serving ``lanes`` lanes of an
+    empty outbox, over ``--idle-seconds``."""
+    with (
+        scratch_schema(environment.dsn, "efficiency") as schema_name,
+        tempfile.TemporaryDirectory() as folder,
+    ):
+        options = transport_options(environment, transport)
+        store = await applied(
+            make_store(
+                environment.dsn, schema_name, options, notify=True, name=schema_name, lanes=lanes
+            )
+        )
+        config = write_config(store, options, folder)
+        async with (
+            await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
+            cli_worker(config, store, folder) as worker,
+        ):
+            await asyncio.sleep(SETTLE)
+            meter = Meter({"worker": worker.pid}, {"backends": backends_of(monitor, store.name)})
+            await meter.start()
+            await asyncio.sleep(environment.arguments.idle_seconds)
+            window = await meter.stop()
+    return window.group("worker") / window.seconds, window.group("backends") / window.seconds
