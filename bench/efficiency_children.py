@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from psycopg import sql
 from bench.cpu import is_local_postgres, thread_seconds
 from bench.latency import AckClock
 from bench.transport_bare import messages
-from relayer.transports.base import OutgoingMessage, Transport
+from relayer.transports.base import BatchPublisher, OutgoingMessage, PerMessage, Transport
 
 KEYS = 10_000
 # The steady writer: processes (so that a busy machine's scheduler gives it enough CPU) and
@@ -185,6 +185,32 @@ class SampledAckClock(AckClock):
 
         future.add_done_callback(acknowledged)
         return future
+
+    async def publish_batch(
+        self,
+        batch: Any,
+        indexes: Sequence[int],
+        settle: Callable[[int, BaseException | None], None],
+        admitting: Callable[[], bool],
+    ) -> int:
+        """The relay's batch path: the acknowledgement of every ``every``-th row is timed."""
+        if not isinstance(self.inner, BatchPublisher):  # through publish(), sampled there
+            return await PerMessage(self).publish_batch(batch, indexes, settle, admitting)
+        every = self.every
+        first = -self.seen % every  # the position in indexes of the next sampled row
+        sampled = set(indexes[first::every])
+        self.seen += len(indexes)
+        if not sampled:
+            return int(await self.inner.publish_batch(batch, indexes, settle, admitting))
+        samples = self.samples
+        ids = batch.ids
+
+        def timed(index: int, error: BaseException | None) -> None:
+            if error is None and index in sampled:
+                samples.append((ids[index], time.time()))
+            settle(index, error)
+
+        return int(await self.inner.publish_batch(batch, indexes, timed, admitting))
 
 
 def worker(options: dict[str, Any]) -> None:
