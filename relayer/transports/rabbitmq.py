@@ -32,35 +32,36 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import importlib.metadata
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
 import aiormq
-import pamqp.frame
 from aiormq import spec
 from aiormq.abc import ChannelFrame
-from pamqp.body import ContentBody
-from pamqp.header import ContentHeader
 
 from relayer.errors import TransportError
 from relayer.redact import redact
+from relayer.transports import rabbitmq_frames as frames
 from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,
     DestinationError,
+    OutboundBatch,
     OutgoingMessage,
     SendError,
+    Settle,
     TransportUnavailableError,
 )
 from relayer.transports.options import Options, TransportOptionError
 from relayer.transports.rabbitmq_routes import Route, RouteError, parse_route
 
 logger = logging.getLogger(__name__)
+
+_Settle = Callable[[BaseException | None], None]
 
 _KNOWN_OPTIONS = (
     "url, ordered_destinations, max_outstanding, connect_timeout, close_timeout, reconnect_interval"
@@ -94,7 +95,17 @@ class RabbitMQTransport:
         self._connect_timeout = connect_timeout
         self._close_timeout = close_timeout
         self._reconnect_interval = reconnect_interval
-        self._slots = asyncio.Semaphore(max_outstanding)
+        # Unconfirmed publishes, and their most before a publish waits (room is signalled by
+        # _room once a confirm frees one).
+        self._unconfirmed = 0
+        self._max_outstanding = max_outstanding
+        self._room = asyncio.Event()
+        # How the current channel is written: the fast path's encoder and confirm tracking, or
+        # None for aiormq's public basic_publish (see rabbitmq_frames).
+        self._encoder: frames.Encoder | None = None
+        self._confirms: frames.Confirms | None = None
+        self._warned_path = False
+        self._fallback_tasks: set[asyncio.Task[None]] = set()
         self._connection: Any = None
         self._channel: Any = None
         self._underlay: Any = None
@@ -102,7 +113,7 @@ class RabbitMQTransport:
         self._last_failure: tuple[float, str] | None = None
         self._routes: dict[str, Route | str] = {}
         self._exchanges: set[str] = set()
-        self._outstanding: set[asyncio.Future[None]] = set()
+        self._outstanding: set[asyncio.Future[None]] = set()  # publish()'s awaitables
         self._queued: list[_Queued] = []
         self._queued_bytes = 0
         self._flush_scheduled = False
@@ -169,25 +180,88 @@ class RabbitMQTransport:
         return destination in self._ordered or route.exchange in self._ordered
 
     async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._outstanding.add(future)
+        future.add_done_callback(self._outstanding.discard)
+        settle = functools.partial(_settle_future, future)
+        try:
+            error = await self._enqueue(
+                message.destination,
+                key=message.key,
+                message_id=message.id_text,
+                body=message.body,
+                extra_headers=message.headers,
+                settle=settle,
+            )
+        except BaseException:  # nothing was queued (cancelled while waiting, or unusable)
+            future.cancel()
+            raise
+        if error is not None:
+            settle(error)
+        return future
+
+    async def publish_batch(
+        self,
+        batch: OutboundBatch,
+        indexes: Sequence[int],
+        settle: Settle,
+        admitting: Callable[[], bool],
+    ) -> int:
+        """``publish`` for many rows (the relay's way): no awaitable per message."""
+        destinations, keys, ids = batch.destinations, batch.keys, batch.ids
+        bodies, headers = batch.bodies, batch.headers
+        for handed, index in enumerate(indexes):
+            if handed and self._must_wait() and not admitting():
+                return handed
+            error = await self._enqueue(
+                destinations[index],
+                key=keys[index],
+                message_id=ids[index],
+                body=bodies[index],
+                extra_headers=headers[index],
+                settle=functools.partial(settle, index),
+            )
+            if error is not None:
+                settle(index, error)
+                return handed
+        return len(indexes)
+
+    def _must_wait(self) -> bool:
+        drained = self._drained
+        return self._unconfirmed >= self._max_outstanding or (
+            drained is not None and not drained.done()
+        )
+
+    async def _enqueue(
+        self,
+        destination: str,
+        *,
+        key: str | None,
+        message_id: str,
+        body: bytes,
+        extra_headers: Mapping[str, str] | None,
+        settle: _Settle,
+    ) -> SendError | None:
+        """Queue one publish for this turn's write; the error if it fails at once (SendError).
+        Raises TransportError when the transport cannot be used (closed, unreachable)."""
         if not self._started or self._closed:
             raise TransportError(
                 f"RabbitMQ transport {self._name!r} is "
                 f"{'closed' if self._closed else 'not started'}; call start() before publish()"
             )
-        route = self._route(message.destination)
+        route = self._route(destination)
         try:
             if isinstance(route, str):
-                raise SendError(route, retryable=False)
-            routing_key = route.routing_key_for(message.key)
+                return SendError(route, retryable=False)
+            routing_key = route.routing_key_for(key)
             underlay = await self._ensure_channel(force=False)
             if route.exchange and route.exchange not in self._exchanges:
                 problem = await self._check_exists(route)
                 if problem is not None:
-                    raise SendError(problem, retryable=False)
+                    return SendError(problem, retryable=False)
+                underlay = await self._ensure_channel(force=False)
         except RouteError as exc:
-            return _failed(SendError(str(exc), retryable=False))
-        except SendError as exc:
-            return _failed(exc)
+            return SendError(str(exc), retryable=False)
         drained = self._drained
         if drained is not None and not drained.done():
             # Backpressure: the previous write is still in the socket's buffer (a slow or
@@ -196,40 +270,48 @@ class RabbitMQTransport:
             # cancelled (a batch deadline) nor raises its error (a lost connection, which the
             # flush sees).
             await asyncio.wait((drained,))
-        headers: dict[str, Any] = dict(message.headers) if message.headers else {}
+        while self._unconfirmed >= self._max_outstanding:
+            self._room.clear()
+            await self._room.wait()
+        headers: dict[str, str] = dict(extra_headers) if extra_headers else {}
         for name in headers:
             if len(name.encode()) > _MAX_HEADER_NAME_BYTES:
-                return _failed(SendError(_long_header_name(name), retryable=False))
-        message_id = message.id_text
+                return SendError(_long_header_name(name), retryable=False)
         headers[MESSAGE_ID_HEADER] = message_id
-        if message.key is not None:
-            headers[ORDERING_KEY_HEADER] = message.key
-        properties = spec.Basic.Properties(
-            delivery_mode=_PERSISTENT, message_id=message_id, headers=headers
-        )
+        if key is not None:
+            headers[ORDERING_KEY_HEADER] = key
+        encoder = self._encoder if underlay is self._underlay else None
+        properties: spec.Basic.Properties | None = None
         try:
-            payload = _marshal(underlay, route.exchange, routing_key, message.body, properties)
-        except Exception as exc:  # pamqp refuses a value AMQP cannot carry
-            return _failed(
-                SendError(
-                    f"cannot encode the message for RabbitMQ ({type(exc).__name__}: {exc}); "
-                    "fix the row's headers or destination",
-                    retryable=False,
+            if encoder is not None:
+                payload = encoder.publish(route.exchange, routing_key, body, message_id, headers)
+            else:  # the public path: basic_publish encodes it; refuse here what cannot be
+                payload = b""
+                properties = frames.reference_properties(message_id, headers)
+                frames.reference_encoding(
+                    underlay.number,
+                    underlay.max_content_size,
+                    exchange=route.exchange,
+                    routing_key=routing_key,
+                    body=b"",
+                    properties=properties,
                 )
+        except Exception as exc:  # a value AMQP cannot carry
+            return SendError(
+                f"cannot encode the message for RabbitMQ ({type(exc).__name__}: {exc}); "
+                "fix the row's headers or destination",
+                retryable=False,
             )
-        await self._slots.acquire()
-        loop = asyncio.get_running_loop()
-        settled: asyncio.Future[None] = loop.create_future()
-        self._outstanding.add(settled)
-        settled.add_done_callback(self._outstanding.discard)
-        self._queued.append(_Queued(underlay, payload, message_id, route, routing_key, settled))
+        self._unconfirmed += 1
+        item = _Queued(underlay, payload, message_id, route, routing_key, settle, body, properties)
+        self._queued.append(item)
         self._queued_bytes += len(payload)
         if self._queued_bytes >= _WRITE_BYTES:
             self._flush()  # now: the next publish waits for this write to drain
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
-        return settled
+            asyncio.get_running_loop().call_soon(self._flush)
+        return None
 
     async def close(self) -> None:
         """Wait for outstanding confirms (up to ``close_timeout``), then disconnect."""
@@ -267,14 +349,12 @@ class RabbitMQTransport:
 
     def _flush(self) -> None:
         """Write every publish queued in this event-loop turn, in order, in writes of about
-        1 MiB.
+        1 MiB (the fast path), or hand each to aiormq's basic_publish (the public path).
 
-        Only this transport writes on its publishing channel, so taking the next delivery tags
-        and registering their confirmations here (with no await in between) numbers the
-        messages exactly as the broker will: aiormq resolves those futures from the broker's
-        acks, nacks and returns, and fails them all if the channel or connection is lost.
-        Writing many publishes at once spares a task, a channel lock and a socket write per
-        message; they were aio-pika's main cost per message.
+        Only this transport writes on its publishing channel, so numbering the messages here
+        (with no await in between) numbers them exactly as the broker will; the confirm
+        tracking settles them from the broker's acks, nacks and returns, and fails them all if
+        the channel or connection is lost.
         """
         self._flush_scheduled = False
         queued, self._queued = self._queued, []
@@ -290,22 +370,22 @@ class RabbitMQTransport:
             and not underlay.is_closed
             and underlay.connection.channels.get(underlay.number) is underlay
         )
+        confirms = self._confirms
         for item in queued:
             if not usable or item.underlay is not underlay:
                 lost = _lost(item.route, ConnectionError("channel closed"))
                 self._settle_unwritten(item, lost)
                 continue
-            if item.message_id in underlay.message_id_delivery_tag:
+            if item.message_id in getattr(underlay, "message_id_delivery_tag", ()):
                 # A basic.return names the message by its id: with two copies unconfirmed, a
-                # return could fail the wrong one. The earlier copy settles first.
+                # return could fail the wrong one. The earlier copy settles first; this one is
+                # the broker's delay, not the row's fault (no attempt is counted).
                 self._settle_unwritten(item, _still_unconfirmed(item.message_id))
                 continue
-            underlay.delivery_tag += 1
-            tag = underlay.delivery_tag
-            confirmation = underlay.create_future()
-            underlay.confirmations[tag] = confirmation
-            underlay.message_id_delivery_tag[item.message_id] = tag
-            confirmation.add_done_callback(functools.partial(self._settle, item, tag))
+            if confirms is None or item.properties is not None:
+                self._publish_public(underlay, item)
+                continue
+            confirms.track(item.message_id, functools.partial(self._settle, item))
             payloads.append(item.payload)
             size += len(item.payload)
             if size >= _WRITE_BYTES:  # large messages: several writes, not one huge copy
@@ -317,11 +397,32 @@ class RabbitMQTransport:
             return
         # The writer resolves this once the turn's last write has left the socket buffer.
         self._drained = underlay.create_future()
-        last = len(writes) - 1
-        for number, payload in enumerate(writes):
-            drained = self._drained if number == last else None
-            self._frames.append(ChannelFrame(payload, should_close=False, drain_future=drained))
+        self._frames.extend(frames.write(writes, self._drained))
         self._write_frames(underlay)
+
+    def _publish_public(self, underlay: Any, item: _Queued) -> None:
+        """The public path: aiormq's basic_publish, one task per message, written in order
+        (the channel's lock is fair) and settled by its confirmation."""
+
+        async def publish() -> None:
+            try:
+                await underlay.basic_publish(
+                    item.body,
+                    exchange=item.route.exchange,
+                    routing_key=item.routing_key,
+                    properties=item.properties,
+                    mandatory=True,
+                )
+            except BaseException as exc:
+                self._settle(item, exc if isinstance(exc, Exception) else ConnectionError(exc))
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                self._settle(item, None)
+
+        task = asyncio.get_running_loop().create_task(publish())
+        self._fallback_tasks.add(task)
+        task.add_done_callback(self._fallback_tasks.discard)
 
     def _write_frames(self, underlay: Any) -> None:
         """Hand written frames to aiormq's connection writer, in order; when its small queue
@@ -343,26 +444,17 @@ class RabbitMQTransport:
             if self._pump is asyncio.current_task():
                 self._pump = None
 
-    def _settle(self, item: _Queued, tag: int, confirmation: asyncio.Future[Any]) -> None:
+    def _settle(self, item: _Queued, error: BaseException | None) -> None:
         """The broker's answer for one message, as the relay understands it."""
-        underlay = item.underlay
-        if underlay.message_id_delivery_tag.get(item.message_id) == tag:
-            del underlay.message_id_delivery_tag[item.message_id]
-        self._slots.release()
-        if item.settled.done():
-            return
-        cancelled = confirmation.cancelled()
-        error = asyncio.CancelledError() if cancelled else confirmation.exception()
+        self._release_room()
         if error is None:
-            item.settled.set_result(None)
+            item.settle(None)
             return
         route, routing_key = item.route, item.routing_key
         if isinstance(error, aiormq.exceptions.PublishError):
-            item.settled.set_exception(
-                SendError(_unroutable(route, routing_key, error), retryable=False)
-            )
+            item.settle(SendError(_unroutable(route, routing_key, error), retryable=False))
         elif isinstance(error, aiormq.exceptions.DeliveryError):
-            item.settled.set_exception(
+            item.settle(
                 SendError(
                     f"RabbitMQ refused (nack) a message for {route.destination!r}: the queue "
                     "may be full with overflow=reject-publish; the message will be retried"
@@ -372,20 +464,24 @@ class RabbitMQTransport:
             # The broker closed the channel (an exchange was deleted): every outstanding
             # confirm on it fails. The next publish re-checks the exchange on a new channel.
             self._exchanges.clear()
-            item.settled.set_exception(
+            item.settle(
                 TransportUnavailableError(
                     f"RabbitMQ closed the publishing channel ({redact(str(error))}) before it "
                     f"confirmed a message for {route.destination!r}; it will be sent again"
                 )
             )
         else:  # a lost channel/connection fails every outstanding confirm
-            item.settled.set_exception(_lost(route, error))
+            item.settle(_lost(route, error))
 
     def _settle_unwritten(self, item: _Queued, error: Exception) -> None:
-        """A queued publish that is not written: its slot back, ``error`` to the relay."""
-        self._slots.release()
-        if not item.settled.done():
-            item.settled.set_exception(error)
+        """A queued publish that is not written: its room back, ``error`` to the relay."""
+        self._release_room()
+        item.settle(error)
+
+    def _release_room(self) -> None:
+        self._unconfirmed -= 1
+        if self._unconfirmed < self._max_outstanding:
+            self._room.set()
 
     async def _ensure_channel(self, *, force: bool) -> Any:
         """The publishing channel, reconnecting when it or its connection was lost."""
@@ -414,11 +510,8 @@ class RabbitMQTransport:
                     publisher_confirms=True, on_return_raises=True
                 )
                 underlay = await self._channel.get_underlay_channel()
-                _require_supported(underlay)
+                self._use_path(underlay)
                 self._underlay = underlay
-            except _UnsupportedClient:
-                await self._disconnect()
-                raise
             except Exception as exc:  # every connect failure becomes one clear message
                 reason = (
                     f"cannot connect RabbitMQ transport {self._name!r} to {self._shown_url}: "
@@ -439,6 +532,27 @@ class RabbitMQTransport:
                 extra={"action": "transport_connect"},
             )
             return self._underlay
+
+    def _use_path(self, underlay: Any) -> None:
+        """Write on ``underlay`` through the fast path if this aiormq is one it was tested
+        with, else through aiormq's public basic_publish (said once per transport)."""
+        problem = frames.fast_path_problem(underlay)
+        if problem is None:
+            self._encoder = frames.Encoder(underlay.number, underlay.max_content_size)
+            self._confirms = frames.Confirms(underlay)
+            return
+        self._encoder = None
+        self._confirms = None
+        if not self._warned_path:
+            self._warned_path = True
+            logger.warning(
+                "RabbitMQ transport %s publishes through aiormq's basic_publish, several times "
+                "slower: %s; install a tested aiormq (pip install 'aiormq>=7.2,<7.3') for the "
+                "fast path",
+                self._name,
+                problem,
+                extra={"action": "transport_slow_path"},
+            )
 
     async def _check_exists(self, route: Route) -> str | None:
         """Passive-declare the route's queue or exchange on a throw-away channel.
@@ -492,69 +606,25 @@ class RabbitMQTransport:
                 logger.debug("closing the RabbitMQ connection failed: %s", redact(str(exc)))
 
 
-class _UnsupportedClient(TransportError):
-    """The installed aiormq lacks what the batched publishing relies on."""
-
-
-# What the batched publishing uses of aiormq's channel (see RabbitMQTransport._flush).
-_CHANNEL_ATTRIBUTES = (
-    "delivery_tag",
-    "confirmations",
-    "message_id_delivery_tag",
-    "write_queue",
-    "max_content_size",
-    "number",
-    "connection",
-    "create_future",
-)
-
-
-def _require_supported(underlay: Any) -> None:
-    missing = [name for name in _CHANNEL_ATTRIBUTES if not hasattr(underlay, name)]
-    if missing or not hasattr(underlay.connection, "channels"):
-        raise _UnsupportedClient(
-            f"the installed aiormq {_installed('aiormq')} lacks "
-            f"{', '.join(missing) or 'connection.channels'} on its channels, which relayer's "
-            "RabbitMQ transport uses; install aiormq 7.x (pip install 'aiormq>=7.2,<8')"
-        )
-
-
-def _installed(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "(version unknown)"
-
-
 @dataclass(slots=True)
 class _Queued:
-    """A marshalled publish waiting for this event-loop turn's write."""
+    """An encoded publish waiting for this event-loop turn's write (``payload``; on the public
+    path the body and properties instead), and who to tell its outcome."""
 
     underlay: Any
     payload: bytes
     message_id: str
     route: Route
     routing_key: str
-    settled: asyncio.Future[None]
+    settle: _Settle
+    body: bytes
+    properties: spec.Basic.Properties | None
 
 
-def _marshal(
-    underlay: Any, exchange: str, routing_key: str, body: bytes, properties: spec.Basic.Properties
-) -> bytes:
-    """The frames of one publish (method, content header, body frames of at most frame_max)."""
-    channel, size = underlay.number, underlay.max_content_size
-    frames: list[Any] = [
-        spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=True),
-        ContentHeader(properties=properties, body_size=len(body)),
-    ]
-    frames.extend(ContentBody(body[start : start + size]) for start in range(0, len(body), size))
-    return b"".join(pamqp.frame.marshal(frame, channel) for frame in frames)
-
-
-def _still_unconfirmed(message_id: str) -> SendError:
-    return SendError(
-        f"an earlier copy of message {message_id} is still waiting for RabbitMQ's confirm; "
-        "this copy will be sent again after it"
+def _still_unconfirmed(message_id: str) -> TransportUnavailableError:
+    return TransportUnavailableError(
+        f"an earlier copy of message {message_id} is still waiting for RabbitMQ's confirm "
+        "(the broker is slow to confirm or stalled); this copy will be sent again after it"
     )
 
 
@@ -574,10 +644,13 @@ def _long_header_name(name: str) -> str:
     )
 
 
-def _failed(error: SendError) -> asyncio.Future[None]:
-    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    future.set_exception(error)
-    return future
+def _settle_future(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def _unroutable(route: Route, routing_key: str, exc: Exception) -> str:
