@@ -11,8 +11,9 @@ The browser decodes all three the same way (static/heatmap.js).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 EMPTY = 0  # no rows
 FLOWING = 1  # rows, leased, the head moves
@@ -35,35 +36,10 @@ OTHER_OWNER = 255  # more than 254 distinct owners: the rest share this index
 EXACT_PENDING = 128
 
 
-def age_bucket(seconds: float) -> int:
-    if seconds <= 0:
-        return 0
-    return min(MAX_BUCKET, int(2 * math.log2(1 + seconds)))
-
-
-def bucket_floor(bucket: int) -> float:
-    """The lowest age (seconds) a bucket stands for."""
-    return float(2 ** (bucket / 2) - 1)
-
-
 def pending_byte(rows: int) -> int:
     if rows <= EXACT_PENDING:
         return max(rows, 0)
     return min(255, EXACT_PENDING + math.ceil(8 * math.log2(rows / EXACT_PENDING)))
-
-
-def pending_floor(value: int) -> int:
-    """The lowest row count a pending byte stands for (exact up to 128)."""
-    if value <= EXACT_PENDING:
-        return value
-    return math.floor(EXACT_PENDING * 2 ** ((value - EXACT_PENDING - 1) / 8)) + 1
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    created_ms: int  # the head's UUIDv7 time
-    tail: int  # the random end of its id: a different value means the head moved
-    future: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,66 +64,48 @@ class LaneMap:
     oldest_age_seconds: float
 
 
-def classify(
-    lanes: int,
-    now_ms: int,
-    *,
-    heads: Mapping[int, Head],
-    owners: Mapping[str, Sequence[int]],
-    parked: Mapping[int, bool],
-    stuck_seconds: Mapping[int, float],
-    stall_after_seconds: float,
-    top: int = 50,
-) -> LaneMap:
-    """Every lane's byte. ``parked`` maps a lane to True when one of its keys waits for an
-    operator (False: only retrying keys); ``stuck_seconds`` is how long each lane's head has
-    been the same (the sampler tracks it across snapshots)."""
-    owner_names = tuple(sorted(owners))
+def lane_map(lanes: int, row: Sequence[Any], stalled: Iterable[int]) -> LaneMap:
+    """The heat map from the ``dash_lane_map`` row, with the ``stalled`` lanes (flowing lanes
+    whose head the sampler saw unchanged for a lease or longer) marked."""
+    _now, busy, values, counted, owners, owner_lanes, top = row[:7]
+    states = bytearray(lanes)
+    for lane, value in zip(busy, values, strict=True):
+        if 0 <= lane < lanes:
+            states[lane] = value
+    counts = dict.fromkeys(STATE_NAMES.values(), 0)
+    for state, count in counted:
+        counts[STATE_NAMES[int(state)]] = int(count)
+    for lane in stalled:
+        if states[lane] >> 5 == FLOWING:
+            states[lane] = STALLED << 5 | (states[lane] & MAX_BUCKET)
+            counts["flowing"] -= 1
+            counts["stalled"] += 1
+    counts["empty"] = lanes - sum(counts.values())
+    names = tuple(str(name) for name in owners)
     owner_of = bytearray(lanes)
-    owner_name: dict[int, str] = {}
-    for index, name in enumerate(owner_names):
+    for index, text in enumerate(owner_lanes):
         value = min(index + 1, OTHER_OWNER)
-        for lane in owners[name]:
+        for lane in map(int, str(text).split(",")):
             if 0 <= lane < lanes:
                 owner_of[lane] = value
-                owner_name[lane] = name
-    states = bytearray(lanes)
-    counts = dict.fromkeys(STATE_NAMES.values(), 0)
-    counts["empty"] = lanes
-    ages: list[tuple[float, int, int]] = []
-    for lane in set(heads) | set(parked):
-        if not 0 <= lane < lanes:
-            continue
-        head = heads.get(lane)
-        age = max((now_ms - head.created_ms) / 1000, 0.0) if head else 0.0
-        if lane in parked:
-            state = PARKED if parked[lane] else RETRYING
-        elif head is None:
-            continue
-        elif head.future:
-            state = WAITING
-        elif not owner_of[lane]:
-            state = UNOWNED
-        elif stuck_seconds.get(lane, 0.0) >= stall_after_seconds:
-            state = STALLED
-        else:
-            state = FLOWING
-        states[lane] = state << 5 | age_bucket(age)
-        counts["empty"] -= 1
-        counts[STATE_NAMES[state]] += 1
-        if head is not None:
-            ages.append((age, lane, state))
-    ages.sort(key=lambda item: (-item[0], item[1]))
+
+    def owner(lane: int) -> str | None:
+        index = owner_of[lane]
+        if not index:
+            return None
+        return names[index - 1] if index < OTHER_OWNER else "one of many"
+
     oldest = tuple(
-        LaneSummary(lane, state, age, owner_name.get(lane)) for age, lane, state in ages[:top]
+        LaneSummary(int(lane), states[int(lane)] >> 5, float(age), owner(int(lane)))
+        for lane, age in top
     )
     return LaneMap(
         bytes(states),
         bytes(owner_of),
-        owner_names,
+        names,
         counts,
         oldest,
-        ages[0][0] if ages else 0.0,
+        oldest[0].age_seconds if oldest else 0.0,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from relayer.dashboard.lanes import Head, LaneMap, classify, pending_map
+from relayer.dashboard.lanes import LaneMap, lane_map, pending_map
 from relayer.dispatch.control import QueueControl, QueueStatus
 from relayer.redact import redact
 from relayer.settings import StoreSettings
@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 COUNT_CAP = 10_000  # counts shown exactly up to this, then "10,000+"
 PARKED_CAP = 100_000  # parked keys read per snapshot for the heat map
+TOP_LANES = 50
 RATE_BUCKET = 10.0  # seconds per bucket of the send-rate chart
 RATE_BUCKETS = 360  # one hour
 MAX_BACKOFF = 30.0
@@ -149,7 +150,7 @@ class StoreSampler:
         self.slowed: float | None = None  # the stretched interval while snapshots are slow
         self._version = 0
         self._changed = asyncio.Condition()
-        self._heads_seen: dict[int, tuple[tuple[int, int], float]] = {}
+        self._heads_seen: dict[int, tuple[int, float]] = {}
         self._queries = queries_for(store.names)
         self._wake = asyncio.Event()
 
@@ -215,19 +216,22 @@ class StoreSampler:
         """Take one snapshot and publish it; returns how long it took (seconds)."""
         started = time.perf_counter()
         store, queries = self.store, self._queries
+        stall_after = store.lease_duration.total_seconds()
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(queries["dash_lane_heads"])
-            row = await cursor.fetchone()
-            assert row is not None
-            now_ms = int(row[0])
-            heads = {
-                int(lane): Head(int(created), int(tail), bool(future))
-                for lane, created, tail, future in zip(row[1], row[2], row[3], row[4], strict=True)
-            }
-            cursor = await conn.execute(queries["dash_lane_owners"])
-            owners = {str(owner): list(lanes) for owner, lanes in await cursor.fetchall()}
-            cursor = await conn.execute(queries["dash_parked_by_lane"], {"cap": PARKED_CAP})
-            parked_rows = await cursor.fetchall()
+            cursor = await conn.execute(
+                queries["dash_lane_map"],
+                {
+                    "lanes": store.lanes,
+                    "cap": PARKED_CAP,
+                    "top": TOP_LANES,
+                    "stall_after": stall_after,
+                },
+            )
+            lane_row = await cursor.fetchone()
+            assert lane_row is not None
+            cursor = await conn.execute(queries["dash_parked_totals"], {"cap": PARKED_CAP})
+            parked_row = await cursor.fetchone()
+            assert parked_row is not None
             cursor = await conn.execute(queries["dash_members"])
             member_rows = await cursor.fetchall()
             cursor = await conn.execute(queries["dash_pending_capped"], {"cap": COUNT_CAP + 1})
@@ -244,19 +248,10 @@ class StoreSampler:
             )
             batches = await cursor.fetchone()
             queues = await QueueControl(conn, store.names).status([store.name])
-        monotonic = time.monotonic()
-        stuck = self._track_heads(heads, monotonic)
-        parked = {int(lane): bool(operator) for lane, _count, operator in parked_rows}
-        lane_map = classify(
-            store.lanes,
-            now_ms,
-            heads=heads,
-            owners=owners,
-            parked=parked,
-            stuck_seconds=stuck,
-            stall_after_seconds=store.lease_duration.total_seconds(),
-        )
-        owned: dict[str, int] = {name: len(lanes) for name, lanes in owners.items()}
+        candidates = {int(lane): int(tail) for lane, tail in lane_row[7]}
+        stalled = self._stalled(candidates, time.monotonic(), stall_after)
+        lanes_map = lane_map(store.lanes, lane_row, stalled)
+        owned = _owned_lanes(lanes_map)
         members = tuple(
             MemberView(
                 instance=str(instance),
@@ -268,8 +263,7 @@ class StoreSampler:
             )
             for instance, since, renewed, _expires, age in member_rows
         )
-        parked_keys = sum(int(count) for _lane, count, _operator in parked_rows)
-        operator = sum(int(count) for _lane, count, waits in parked_rows if waits)
+        parked_keys, operator = int(parked_row[0]), int(parked_row[1])
         if counters is not None:
             self.rates.add(time.time(), int(counters[2]), int(counters[3]), int(counters[4]))
         pending_count = int(pending_row[0]) if pending_row else 0
@@ -282,7 +276,7 @@ class StoreSampler:
             duration_ms=duration * 1000,
             lanes=store.lanes,
             members=members,
-            lane_map=lane_map,
+            lane_map=lanes_map,
             pending=Capped(min(pending_count, COUNT_CAP), pending_count > COUNT_CAP),
             pending_estimate=max(int(counters[0]), int(counters[1])) if counters else 0,
             unordered_age_seconds=float(unordered[0]) if unordered else 0.0,
@@ -315,13 +309,25 @@ class StoreSampler:
         )
         return duration
 
-    def _track_heads(self, heads: dict[int, Head], now: float) -> dict[int, float]:
-        """How long each lane's head has stayed the same, across snapshots."""
-        seen: dict[int, tuple[tuple[int, int], float]] = {}
-        for lane, head in heads.items():
-            identity = (head.created_ms, head.tail)
+    def _stalled(self, candidates: dict[int, int], now: float, after: float) -> list[int]:
+        """The candidate lanes whose head has stayed the same for ``after`` seconds or more
+        (candidates: flowing lanes with a head at least that old, and its id's tail)."""
+        seen: dict[int, tuple[int, float]] = {}
+        stalled: list[int] = []
+        for lane, tail in candidates.items():
             previous = self._heads_seen.get(lane)
-            since = previous[1] if previous and previous[0] == identity else now
-            seen[lane] = (identity, since)
+            since = previous[1] if previous is not None and previous[0] == tail else now
+            seen[lane] = (tail, since)
+            if now - since >= after:
+                stalled.append(lane)
         self._heads_seen = seen
-        return {lane: now - since for lane, (_tail, since) in seen.items()}
+        return stalled
+
+
+def _owned_lanes(lanes: LaneMap) -> dict[str, int]:
+    """Lanes held per owner, from the owner bytes."""
+    held = [0] * (len(lanes.owners) + 1)
+    for index in set(lanes.owner_bytes):
+        if 0 < index <= len(lanes.owners):
+            held[index] = lanes.owner_bytes.count(index)
+    return {name: held[number] for number, name in enumerate(lanes.owners, 1)}

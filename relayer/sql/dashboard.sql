@@ -11,18 +11,14 @@ FROM {leases}
 WHERE lane IS NULL AND expires_at >= pg_catalog.now()
 ORDER BY owner
 
--- name: dash_lane_owners
--- Each live lane lease, grouped by owner (a few rows, however many lanes).
-SELECT owner, pg_catalog.array_agg(lane ORDER BY lane)
-FROM {leases}
-WHERE lane IS NOT NULL AND owner <> '' AND expires_at > pg_catalog.now()
-GROUP BY owner
-ORDER BY owner
-
--- name: dash_lane_heads
--- The head of every lane that holds rows: a loose index scan (one descent per busy lane, not
--- one per lane), as arrays. The head's age comes from its UUIDv7 id (the first 48 bits are the
--- milliseconds since 1970), and its random tail tells a moved head from a stuck one.
+-- name: dash_lane_map
+-- Every busy lane's heat-map byte (state << 5 | age bucket, relayer/dashboard/lanes.py) and
+-- the owners of the live lane leases, in one statement. The heads of the lanes holding rows
+-- come from a loose index scan (one descent per busy lane, not one per lane); a head's age is
+-- the time in its UUIDv7 id. States: 1 flowing, 2 waiting (future-dated head),
+-- 3 unowned, 5 retrying, 6 parked; stalled (4) needs earlier snapshots, so flowing lanes whose head is at
+-- least %(stall_after)s seconds old come back as candidates (lane, the id's random tail) for
+-- the sampler to compare. Arrays aggregated in one pass are aligned.
 WITH RECURSIVE busy(lane, id, deliver_at) AS (
     (SELECT o.lane, o.id, o.deliver_at FROM {outbox} AS o
      WHERE o.lane >= 0 ORDER BY o.lane, o.id LIMIT 1)
@@ -33,20 +29,54 @@ WITH RECURSIVE busy(lane, id, deliver_at) AS (
         SELECT o.lane, o.id, o.deliver_at FROM {outbox} AS o
         WHERE o.lane > busy.lane ORDER BY o.lane, o.id LIMIT 1
     ) AS next
-), heads AS (
-    SELECT lane,
-           ('x' || pg_catalog.substr(pg_catalog.replace(id::text, '-', ''), 1, 12))::bit(48)::int8
-               AS created_ms,
-           ('x' || pg_catalog.substr(pg_catalog.replace(id::text, '-', ''), 25, 8))::bit(32)::int4
-               AS tail,
-           coalesce(deliver_at > pg_catalog.now(), false) AS future
-    FROM busy
+), {_lane_map}
+
+-- name: _lane_map
+-- A fragment: the heat map of dash_lane_map from its busy lanes (kept apart for readability).
+clock AS MATERIALIZED (
+    SELECT pg_catalog.now() AS now, (extract(epoch FROM pg_catalog.now()) * 1000)::int8 AS ms
+), owned AS MATERIALIZED (
+    SELECT s.lane, s.owner
+    FROM {leases} AS s, clock
+    WHERE s.lane IS NOT NULL AND s.owner <> '' AND s.expires_at > clock.now
+), waiting AS (
+    SELECT p.lane, pg_catalog.bool_or(p.retry_at IS NULL) AS operator
+    FROM (SELECT lane, retry_at FROM {parked} LIMIT %(cap)s) AS p
+    GROUP BY p.lane
+), heads AS MATERIALIZED (
+    SELECT coalesce(b.lane, w.lane) AS lane,
+           CASE WHEN b.id IS NULL THEN 0 ELSE greatest(
+               clock.ms - (('x' || pg_catalog.encode(pg_catalog.substr(
+                   pg_catalog.uuid_send(b.id), 1, 8), 'hex'))::bit(64)::int8 >> 16),
+               0) END / 1000.0 AS age,
+           CASE WHEN w.lane IS NOT NULL THEN CASE WHEN w.operator THEN 6 ELSE 5 END
+                WHEN b.deliver_at > clock.now THEN 2
+                WHEN NOT EXISTS (SELECT 1 FROM owned AS o WHERE o.lane = b.lane) THEN 3
+                ELSE 1 END AS state,
+           b.id
+    FROM busy AS b
+    FULL JOIN waiting AS w ON w.lane = b.lane
+    CROSS JOIN clock
 )
-SELECT (extract(epoch FROM pg_catalog.now()) * 1000)::int8,
+SELECT (SELECT ms FROM clock),
        coalesce(pg_catalog.array_agg(lane), '{{}}'),
-       coalesce(pg_catalog.array_agg(created_ms), '{{}}'),
-       coalesce(pg_catalog.array_agg(tail), '{{}}'),
-       coalesce(pg_catalog.array_agg(future), '{{}}')
+       coalesce(pg_catalog.array_agg((state << 5) | least(31, pg_catalog.floor(
+           2 * pg_catalog.ln(1 + age) / pg_catalog.ln(2)))::int), '{{}}'),
+       (SELECT coalesce(pg_catalog.array_agg(ARRAY[state, n]), '{{}}')
+        FROM (SELECT state, pg_catalog.count(*)::int4 AS n FROM heads GROUP BY state) AS c),
+       (SELECT coalesce(pg_catalog.array_agg(owner), '{{}}') FROM (
+            SELECT owner FROM owned GROUP BY owner ORDER BY owner) AS names),
+       (SELECT coalesce(pg_catalog.array_agg(lanes), '{{}}') FROM (
+            SELECT pg_catalog.array_to_string(pg_catalog.array_agg(lane), ',') AS lanes
+            FROM owned GROUP BY owner ORDER BY owner) AS groups),
+       (SELECT coalesce(pg_catalog.array_agg(ARRAY[lane, age]::float8[] ORDER BY age DESC, lane),
+                 '{{}}')
+        FROM (SELECT lane, age FROM heads WHERE id IS NOT NULL
+              ORDER BY age DESC, lane LIMIT %(top)s) AS t),
+       (SELECT coalesce(pg_catalog.array_agg(ARRAY[lane::int8,
+                   ('x' || pg_catalog.encode(pg_catalog.substr(
+                       pg_catalog.uuid_send(id), 9, 8), 'hex'))::bit(64)::int8]), '{{}}')
+        FROM heads WHERE state = 1 AND age >= %(stall_after)s)
 FROM heads
 
 -- name: dash_unordered_head
@@ -57,11 +87,10 @@ WHERE lane = -1
 ORDER BY id
 LIMIT 1
 
--- name: dash_parked_by_lane
--- Parked keys per lane (at most %(cap)s keys read), and whether one waits for an operator.
-SELECT lane, pg_catalog.count(*)::int4, pg_catalog.bool_or(retry_at IS NULL)
-FROM (SELECT lane, retry_at FROM {parked} LIMIT %(cap)s) AS p
-GROUP BY lane
+-- name: dash_parked_totals
+-- Parked keys (at most %(cap)s read) and how many of them wait for an operator.
+SELECT pg_catalog.count(*)::int8, pg_catalog.count(*) FILTER (WHERE retry_at IS NULL)::int8
+FROM (SELECT retry_at FROM {parked} LIMIT %(cap)s) AS p
 
 -- name: dash_pending_capped
 -- Pending rows, counted up to %(cap)s (the page shows "10,000+" beyond).
