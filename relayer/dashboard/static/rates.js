@@ -26,7 +26,10 @@
         { label: "failed", stroke: "#c62828", width: 2 }
       ],
       axes: [{}, { label: "rows / 10 s", size: 70 }],
-      scales: { x: { time: true } }
+      scales: { x: { time: true, range: function () {
+        var now = Date.now() / 1000;
+        return [now - 3600, now];
+      } } }
     }, data, box);
   }
 
