@@ -39,8 +39,8 @@ from relayer.dashboard.security import Access, SecurityHeaders, Viewer
 from relayer.settings import StoreSettings
 
 HEALTH_TTL = 10.0  # seconds a table-health reading is reused
-STREAM_TIMEOUT = 15.0
-POOL_TIMEOUT = 3.0  # seconds a request waits for a connection before it reports the store down  # a stream with no new snapshot re-checks its client this often
+STREAM_TIMEOUT = 15.0  # a stream with no new snapshot re-checks its client this often
+POOL_TIMEOUT = 3.0  # seconds a request waits for a connection before it reports the store down
 VIEWS = ("overview", "lanes", "parked", "queues", "health", "audit")
 
 
