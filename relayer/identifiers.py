@@ -27,6 +27,7 @@ TABLE_SUFFIXES: dict[str, str] = {
     "inbox": "inbox",
     "inbox_keys": "inbox_keys",
     "sequences": "sequences",
+    "audit": "audit",
 }
 # Every index relayer creates, by role. Counted in the length rule, since a truncated index name
 # would make `schema check` report drift forever.
@@ -37,6 +38,8 @@ INDEX_SUFFIXES: dict[str, str] = {
     "inbox_received": "inbox_received",
     "inbox_keys_updated": "inbox_keys_upd",
     "sequences_updated": "sequences_upd",
+    "audit_key": "audit_key",
+    "parked_since": "parked_since",
 }
 LONGEST_SUFFIX = max((*TABLE_SUFFIXES.values(), *INDEX_SUFFIXES.values()), key=len)
 

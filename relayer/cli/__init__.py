@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from relayer import __version__
 from relayer.cli import (
+    dashboard_command,
     demo_command,
     parked_command,
     queue_command,
@@ -32,6 +33,7 @@ COMMANDS = (
     status_command,
     parked_command,
     queue_command,
+    dashboard_command,
     demo_command,
 )
 

@@ -22,3 +22,14 @@ class Context:
 
     def store(self, name: str) -> StoreSettings:
         return self.settings.store(name)
+
+
+def tcp_port(text: str) -> int:
+    """An argparse type: a TCP port, 0-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
+    return port

@@ -8,7 +8,7 @@ import logging
 import signal
 from typing import Any
 
-from relayer.cli.common import EXIT_OK, Context
+from relayer.cli.common import EXIT_OK, Context, tcp_port
 from relayer.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--instance-id", help="member id (default: host:pid:random)")
     parser.add_argument(
         "--metrics-port",
-        type=_port,
+        type=tcp_port,
         metavar="PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (needs the 'metrics' extra)",
     )
@@ -88,13 +88,3 @@ async def _serve_metrics(
     metrics = WorkerMetrics(worker, interval=arguments.metrics_interval)
     await metrics.serve(arguments.metrics_host, arguments.metrics_port)
     return asyncio.create_task(metrics.run(stop))
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
-    return port

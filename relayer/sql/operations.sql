@@ -47,3 +47,23 @@ DELETE FROM {outbox} AS o
 USING unparked
 WHERE o.lane = unparked.lane AND o.ordering_key = %(key)s
 RETURNING o.id
+
+-- name: parked_key_state
+-- A parked key's lane, head row and attempts (read again after its lane is locked).
+SELECT lane, head_id, attempts FROM {parked} WHERE ordering_key = %(key)s
+
+-- name: drop_head_key
+-- Only the parked head row goes; the key flows again from its next row, in order.
+WITH unparked AS (
+    DELETE FROM {parked} WHERE ordering_key = %(key)s RETURNING lane, head_id
+)
+DELETE FROM {outbox} AS o
+USING unparked
+WHERE o.lane = unparked.lane AND o.id = unparked.head_id
+RETURNING o.id
+
+-- name: audit_record
+INSERT INTO {audit} (source, actor, action, ordering_key, lane, head_id, attempts,
+                     rows_affected, reason, outcome)
+VALUES (%(source)s, %(actor)s, %(action)s, %(key)s, %(lane)s, %(head_id)s, %(attempts)s,
+        %(rows)s, %(reason)s, %(outcome)s)

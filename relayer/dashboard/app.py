@@ -1,0 +1,291 @@
+"""The dashboard's ASGI application: one sampler and one small pool per store, the pages
+(routes.py), the live fragments and the event stream.
+
+Each view has live fragments (HTML rendered from the latest snapshot, cached per snapshot
+version, so any number of viewers cost one rendering). A tab opens one event stream for its
+view; the stream sends a fragment only when its HTML changed, plus a ``tick`` with the data's
+age. The page itself is rendered with the same cached fragments, and its stream starts from
+that version, so nothing is sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from psycopg_pool import AsyncConnectionPool
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from relayer import __version__
+from relayer.dashboard import reads
+from relayer.dashboard.actions import BulkRuns
+from relayer.dashboard.format import FILTERS
+from relayer.dashboard.lanes import STATE_NAMES
+from relayer.dashboard.sampler import Snapshot, StoreSampler
+from relayer.dashboard.security import Access, SecurityHeaders, Viewer
+from relayer.settings import StoreSettings
+
+HEALTH_TTL = 10.0  # seconds a table-health reading is reused
+STREAM_TIMEOUT = 15.0  # a stream with no new snapshot re-checks its client this often
+POOL_TIMEOUT = 3.0  # seconds a request waits for a connection before it reports the store down
+VIEWS = ("overview", "lanes", "parked", "queues", "health", "audit")
+
+
+@dataclass(slots=True)
+class StoreContext:
+    """One store of the dashboard: its settings, pool, sampler and rendered fragments."""
+
+    store: StoreSettings
+    pool: AsyncConnectionPool[Any]
+    sampler: StoreSampler
+    fragments: dict[tuple[str, bool], tuple[int, dict[str, str]]] = field(default_factory=dict)
+    render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    health: tuple[float, reads.HealthView] | None = None
+
+    async def health_view(self) -> reads.HealthView:
+        if self.health is None or time.monotonic() - self.health[0] > HEALTH_TTL:
+            async with self.pool.connection() as conn:
+                self.health = (time.monotonic(), await reads.health_view(conn, self.store))
+        return self.health[1]
+
+
+class Dashboard:
+    """Everything the routes share."""
+
+    def __init__(
+        self,
+        stores: Sequence[StoreSettings],
+        access: Access,
+        *,
+        interval: float = 2.0,
+        refine_interval: float = 30.0,
+    ) -> None:
+        self.access = access
+        self.interval = interval
+        self.contexts: dict[str, StoreContext] = {}
+        for store in stores:
+            pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+                store.require_dsn(),
+                min_size=1,
+                max_size=4,
+                open=False,
+                timeout=POOL_TIMEOUT,
+                kwargs={
+                    "autocommit": True,
+                    "application_name": f"relayer:{store.name}:dashboard"[:63],
+                },
+                name=f"relayer-dashboard-{store.name}",
+            )
+            sampler = StoreSampler(store, pool, interval=interval, refine_interval=refine_interval)
+            self.contexts[store.name] = StoreContext(store, pool, sampler)
+        self.bulk = BulkRuns()
+        self.templates = Environment(
+            loader=PackageLoader("relayer.dashboard", "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.templates.filters.update(FILTERS)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for context in self.contexts.values():
+            await context.pool.open(wait=False)
+            self._tasks.append(asyncio.create_task(context.sampler.run()))
+
+    async def stop(self) -> None:
+        await self.bulk.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for context in self.contexts.values():
+            await context.pool.close()
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def render(self, template: str, **values: Any) -> str:
+        return self.templates.get_template(template).render(
+            version=__version__, states=STATE_NAMES, **values
+        )
+
+    async def live_fragments(
+        self, context: StoreContext, view: str, viewer: Viewer
+    ) -> tuple[int, dict[str, str]]:
+        """The view's live fragments for the latest snapshot (rendered once per version)."""
+        snapshot = context.sampler.snapshot
+        version = snapshot.version if snapshot else 0
+        cache_key = (view, viewer.can_act)
+        cached = context.fragments.get(cache_key)
+        if cached is not None and cached[0] == version:
+            return cached
+        async with context.render_lock:
+            cached = context.fragments.get(cache_key)
+            if cached is not None and cached[0] == version:
+                return cached
+            rendered = await self._render_fragments(context, view, viewer, snapshot)
+            context.fragments[cache_key] = (version, rendered)
+            return version, rendered
+
+    async def _render_fragments(
+        self, context: StoreContext, view: str, viewer: Viewer, snapshot: Snapshot | None
+    ) -> dict[str, str]:
+        values: dict[str, Any] = {
+            "store": context.store,
+            "snapshot": snapshot,
+            "sampler": context.sampler,
+            "viewer": viewer,
+        }
+        names: dict[str, str] = {"banner": "_banner.html"}
+        if view == "overview":
+            names |= {"summary": "_summary.html", "members": "_members.html"}
+            values["rates"] = json.dumps(context.sampler.rates.series())
+            names["rates"] = "_rates.html"
+        elif view == "lanes":
+            names |= {
+                "heat": "_heat.html",
+                "heat-owners": "_heat_owners.html",
+                "heat-pending": "_heat_pending.html",
+                "top": "_top.html",
+            }
+            values |= heat_values(context, snapshot)
+        elif view == "parked":
+            async with context.pool.connection() as conn:
+                values["groups"] = await reads.error_groups(conn, context.store)
+            names["parked-summary"] = "_parked_summary.html"
+        elif view == "queues":
+            async with context.pool.connection() as conn:
+                values["queues"] = await reads.queues_view(conn, context.store)
+            names["queues"] = "_queues.html"
+        elif view == "health":
+            values["health"] = await context.health_view()
+            names["health"] = "_health.html"
+        return {name: self.render(template, **values) for name, template in names.items()}
+
+    def tick(self, context: StoreContext, version: int) -> str:
+        snapshot = context.sampler.snapshot
+        refinement = context.sampler.refinement
+        return json.dumps(
+            {
+                "version": version,
+                "snapshot": int(snapshot.taken_at * 1000) if snapshot else None,
+                "refined": int(refinement.taken_at * 1000) if refinement else None,
+                "took_ms": round(snapshot.duration_ms, 1) if snapshot else None,
+            }
+        )
+
+    # -- the event stream -----------------------------------------------------------------
+
+    def stream(self, request: Request, context: StoreContext, view: str) -> EventSourceResponse:
+        viewer = self.access.viewer(request)
+        every = _number(request.query_params.get("every"), self.interval, 1.0, 60.0)
+        since = int(_number(request.query_params.get("since"), -1, -1, 2**62))
+
+        async def events() -> AsyncIterator[dict[str, str]]:
+            sent: dict[str, bytes] = {}
+            version = -1
+            current = context.sampler.snapshot
+            if current is not None and current.version == since:
+                version, fragments = await self.live_fragments(context, view, viewer)
+                sent = {name: _digest(html) for name, html in fragments.items()}
+            while True:
+                snapshot = await context.sampler.wait_newer(version, STREAM_TIMEOUT)
+                if await request.is_disconnected():
+                    return
+                if snapshot is None:
+                    continue
+                started = time.monotonic()
+                version, fragments = await self.live_fragments(context, view, viewer)
+                for name, html in fragments.items():
+                    digest = _digest(html)
+                    if sent.get(name) != digest:
+                        sent[name] = digest
+                        yield {"event": name, "data": html, "id": str(version)}
+                yield {"event": "tick", "data": self.tick(context, version), "id": str(version)}
+                await asyncio.sleep(max(every - (time.monotonic() - started), 0))
+
+        return EventSourceResponse(events(), ping=10, send_timeout=10)
+
+
+def heat_values(context: StoreContext, snapshot: Snapshot | None) -> dict[str, Any]:
+    """The heat map's payload: one byte per lane per array, base64."""
+    lanes = context.store.lanes
+    refinement = context.sampler.refinement
+    if snapshot is None:
+        return {"heat_states": "", "heat_owner_bytes": "", "heat_owners": "[]", "heat_pending": ""}
+    pending = refinement.pending_bytes if refinement else bytes(lanes)
+    return {
+        "heat_states": base64.b64encode(snapshot.lane_map.states).decode(),
+        "heat_owner_bytes": base64.b64encode(snapshot.lane_map.owner_bytes).decode(),
+        "heat_owners": json.dumps(list(snapshot.lane_map.owners)),
+        "heat_pending": base64.b64encode(pending).decode(),
+        "pending_by_lane": refinement.by_lane if refinement else {},
+    }
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def _number(text: str | None, default: float, low: float, high: float) -> float:
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        value = default
+    return min(max(value, low), high)
+
+
+def create_app(
+    stores: Sequence[StoreSettings],
+    access: Access,
+    *,
+    interval: float = 2.0,
+    refine_interval: float = 30.0,
+) -> Starlette:
+    """The dashboard for ``stores``: its samplers start with the application's lifespan."""
+    from relayer.dashboard.routes import routes
+
+    dashboard = Dashboard(stores, access, interval=interval, refine_interval=refine_interval)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await dashboard.start()
+        try:
+            yield
+        finally:
+            await dashboard.stop()
+
+    app = Starlette(
+        routes=[
+            *routes(dashboard),
+            Mount(
+                "/static",
+                StaticFiles(packages=[("relayer.dashboard", "static")]),
+                name="static",
+            ),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.dashboard = dashboard
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+__all__ = ["Dashboard", "Handler", "Route", "StoreContext", "create_app"]

@@ -1,0 +1,333 @@
+"""One sampler per store: a snapshot of the store every interval, shared by every viewer.
+
+Requests and event streams read the latest snapshot; however many tabs are open, the store is
+read once per interval. A snapshot that takes more than half the interval stretches the next
+wait (up to 30 s) instead of piling queries up. Whole-table counts (pending rows per lane) run
+in a separate, slower refinement under a statement timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from relayer.dashboard.lanes import LaneMap, lane_map, pending_map
+from relayer.dispatch.control import QueueControl, QueueStatus
+from relayer.redact import redact
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+
+logger = logging.getLogger(__name__)
+
+COUNT_CAP = 10_000  # counts shown exactly up to this, then "10,000+"
+PARKED_CAP = 100_000  # parked keys read per snapshot for the heat map
+TOP_LANES = 50
+RATE_BUCKET = 10.0  # seconds per bucket of the send-rate chart
+RATE_BUCKETS = 360  # one hour
+MAX_BACKOFF = 30.0
+REFINE_TIMEOUT = "10s"
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    instance: str
+    host: str
+    since: datetime
+    heartbeat: datetime
+    heartbeat_age: float
+    lanes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Capped:
+    """A count read with a cap: ``value`` is exact unless ``more`` (then at least ``value``)."""
+
+    value: int
+    more: bool
+
+    def __str__(self) -> str:
+        return f"{self.value:,}+" if self.more else f"{self.value:,}"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    store: str
+    version: int
+    taken_at: float  # wall clock, seconds since 1970 (for the data age shown)
+    duration_ms: float
+    lanes: int
+    members: tuple[MemberView, ...]
+    lane_map: LaneMap
+    pending: Capped
+    pending_estimate: int
+    unordered_age_seconds: float
+    parked_operator: int
+    parked_retrying: int
+    parked_more: bool
+    batches_open: int
+    queues: tuple[QueueStatus, ...]
+
+    @property
+    def oldest_age_seconds(self) -> float:
+        return max(self.lane_map.oldest_age_seconds, self.unordered_age_seconds)
+
+    @property
+    def parked(self) -> Capped:
+        return Capped(self.parked_operator + self.parked_retrying, self.parked_more)
+
+
+@dataclass(frozen=True, slots=True)
+class Refinement:
+    """Pending rows per lane, counted in full (slow on big tables, so in the background)."""
+
+    taken_at: float
+    duration_ms: float
+    pending_bytes: bytes
+    by_lane: dict[int, int]
+    total: int
+
+
+@dataclass(slots=True)
+class RateHistory:
+    """Rows written, sent and failed per 10 s over the last hour, from the outbox's counters."""
+
+    buckets: deque[tuple[float, int, int, int]] = field(
+        default_factory=lambda: deque(maxlen=RATE_BUCKETS)
+    )
+    _last: tuple[int, int, int] | None = None
+
+    def add(self, now: float, inserted: int, updated: int, deleted: int) -> None:
+        counters = (inserted, updated, deleted)
+        last, self._last = self._last, counters
+        if last is None or any(new < old for new, old in zip(counters, last, strict=True)):
+            return  # the first reading, or the statistics were reset
+        start = now - now % RATE_BUCKET
+        written, failed, sent = (new - old for new, old in zip(counters, last, strict=True))
+        if self.buckets and self.buckets[-1][0] == start:
+            _, w, s, f = self.buckets[-1]
+            self.buckets[-1] = (start, w + written, s + sent, f + failed)
+        else:
+            self.buckets.append((start, written, sent, failed))
+
+    def series(self) -> dict[str, list[float]]:
+        return {
+            "t": [bucket[0] for bucket in self.buckets],
+            "written": [bucket[1] for bucket in self.buckets],
+            "sent": [bucket[2] for bucket in self.buckets],
+            "failed": [bucket[3] for bucket in self.buckets],
+        }
+
+
+class StoreSampler:
+    """Takes ``store``'s snapshot every ``interval`` seconds through ``pool``."""
+
+    def __init__(
+        self,
+        store: StoreSettings,
+        pool: AsyncConnectionPool[Any],
+        *,
+        interval: float = 2.0,
+        refine_interval: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.pool = pool
+        self.interval = interval
+        self.refine_interval = refine_interval
+        self.snapshot: Snapshot | None = None
+        self.refinement: Refinement | None = None
+        self.rates = RateHistory()
+        self.error: str | None = None  # the last failure, redacted (shown on every page)
+        self.slowed: float | None = None  # the stretched interval while snapshots are slow
+        self._version = 0
+        self._changed = asyncio.Condition()
+        self._heads_seen: dict[int, tuple[int, float]] = {}
+        self._queries = queries_for(store.names)
+        self._wake = asyncio.Event()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def wait_newer(self, version: int, within: float) -> Snapshot | None:
+        """The latest snapshot once it is newer than ``version`` (or None after ``within``
+        seconds)."""
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self._version > version), within
+                )
+        return self.snapshot if self._version > version else None
+
+    def refresh_soon(self) -> None:
+        """Take the next snapshot now (after an action, so the page shows its effect)."""
+        self._wake.set()
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._loop(self.sample, self.interval, "snapshot"))
+            tasks.create_task(self._loop(self.refine, self.refine_interval, "refinement"))
+
+    async def _loop(self, step: Callable[[], Awaitable[float]], interval: float, what: str) -> None:
+        failures = 0
+        while True:
+            try:
+                seconds = await step()
+                failures = 0
+                if what == "snapshot":
+                    self.error = None
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                failures += 1
+                seconds = 0.0
+                text = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+                if what == "snapshot":
+                    self.error = f"cannot read the store: {text}"
+                if failures == 1 or failures % 30 == 0:
+                    logger.warning(
+                        "store %s: dashboard %s failed %d time(s): %s; check the database and "
+                        "the store's settings",
+                        self.store.name,
+                        what,
+                        failures,
+                        text,
+                        extra={"action": "dashboard_sample_failed", "store": self.store.name},
+                    )
+            wait = interval if failures == 0 else min(interval * 2**failures, MAX_BACKOFF)
+            if seconds > interval / 2:  # slow: give the database room (Oban #56)
+                wait = min(max(wait, seconds * 4), MAX_BACKOFF)
+            if what == "snapshot":
+                self.slowed = wait if wait > interval else None
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+            else:
+                await asyncio.sleep(wait)
+
+    async def sample(self) -> float:
+        """Take one snapshot and publish it; returns how long it took (seconds)."""
+        started = time.perf_counter()
+        store, queries = self.store, self._queries
+        stall_after = store.lease_duration.total_seconds()
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(
+                queries["dash_lane_map"],
+                {
+                    "lanes": store.lanes,
+                    "cap": PARKED_CAP,
+                    "top": TOP_LANES,
+                    "stall_after": stall_after,
+                },
+            )
+            lane_row = await cursor.fetchone()
+            assert lane_row is not None
+            cursor = await conn.execute(queries["dash_parked_totals"], {"cap": PARKED_CAP})
+            parked_row = await cursor.fetchone()
+            assert parked_row is not None
+            cursor = await conn.execute(queries["dash_members"])
+            member_rows = await cursor.fetchall()
+            cursor = await conn.execute(queries["dash_pending_capped"], {"cap": COUNT_CAP + 1})
+            pending_row = await cursor.fetchone()
+            cursor = await conn.execute(
+                queries["dash_table_counters"],
+                {"schema": store.db_schema, "table": store.names.table("outbox")},
+            )
+            counters = await cursor.fetchone()
+            cursor = await conn.execute(queries["dash_unordered_head"])
+            unordered = await cursor.fetchone()
+            cursor = await conn.execute(
+                queries["dash_batches_open"], {"application": f"relayer:{store.name}:batch"}
+            )
+            batches = await cursor.fetchone()
+            queues = await QueueControl(conn, store.names).status([store.name])
+        candidates = {int(lane): int(tail) for lane, tail in lane_row[7]}
+        stalled = self._stalled(candidates, time.monotonic(), stall_after)
+        lanes_map = lane_map(store.lanes, lane_row, stalled)
+        owned = _owned_lanes(lanes_map)
+        members = tuple(
+            MemberView(
+                instance=str(instance),
+                host=str(instance).split(":", 1)[0],
+                since=since,
+                heartbeat=renewed,
+                heartbeat_age=float(age),
+                lanes=owned.get(str(instance), 0),
+            )
+            for instance, since, renewed, _expires, age in member_rows
+        )
+        parked_keys, operator = int(parked_row[0]), int(parked_row[1])
+        if counters is not None:
+            self.rates.add(time.time(), int(counters[2]), int(counters[3]), int(counters[4]))
+        pending_count = int(pending_row[0]) if pending_row else 0
+        duration = time.perf_counter() - started
+        self._version += 1
+        snapshot = Snapshot(
+            store=store.name,
+            version=self._version,
+            taken_at=time.time(),
+            duration_ms=duration * 1000,
+            lanes=store.lanes,
+            members=members,
+            lane_map=lanes_map,
+            pending=Capped(min(pending_count, COUNT_CAP), pending_count > COUNT_CAP),
+            pending_estimate=max(int(counters[0]), int(counters[1])) if counters else 0,
+            unordered_age_seconds=float(unordered[0]) if unordered else 0.0,
+            parked_operator=operator,
+            parked_retrying=parked_keys - operator,
+            parked_more=parked_keys >= PARKED_CAP,
+            batches_open=int(batches[0]) if batches else 0,
+            queues=queues,
+        )
+        async with self._changed:
+            self.snapshot = snapshot
+            self._changed.notify_all()
+        return duration
+
+    async def refine(self) -> float:
+        started = time.perf_counter()
+        async with self.pool.connection() as conn, conn.transaction():
+            await conn.execute(self._queries["dash_statement_timeout"], {"timeout": REFINE_TIMEOUT})
+            cursor = await conn.execute(self._queries["dash_lane_counts"])
+            row = await cursor.fetchone()
+        assert row is not None
+        counts = {int(lane): int(rows) for lane, rows in zip(row[0], row[1], strict=True)}
+        duration = time.perf_counter() - started
+        self.refinement = Refinement(
+            taken_at=time.time(),
+            duration_ms=duration * 1000,
+            pending_bytes=pending_map(self.store.lanes, counts),
+            by_lane={lane: rows for lane, rows in counts.items() if lane >= 0},
+            total=sum(counts.values()),
+        )
+        return duration
+
+    def _stalled(self, candidates: dict[int, int], now: float, after: float) -> list[int]:
+        """The candidate lanes whose head has stayed the same for ``after`` seconds or more
+        (candidates: flowing lanes with a head at least that old, and its id's tail)."""
+        seen: dict[int, tuple[int, float]] = {}
+        stalled: list[int] = []
+        for lane, tail in candidates.items():
+            previous = self._heads_seen.get(lane)
+            since = previous[1] if previous is not None and previous[0] == tail else now
+            seen[lane] = (tail, since)
+            if now - since >= after:
+                stalled.append(lane)
+        self._heads_seen = seen
+        return stalled
+
+
+def _owned_lanes(lanes: LaneMap) -> dict[str, int]:
+    """Lanes held per owner, from the owner bytes."""
+    held = [0] * (len(lanes.owners) + 1)
+    for index in set(lanes.owner_bytes):
+        if 0 < index <= len(lanes.owners):
+            held[index] = lanes.owner_bytes.count(index)
+    return {name: held[number] for number, name in enumerate(lanes.owners, 1)}
