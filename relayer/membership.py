@@ -68,6 +68,8 @@ class Membership:
         self._token = uuid.uuid4()
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.members: tuple[str, ...] = ()
+        # This member's share: lanes with lane % len(members) == rank (rank -1: none).
+        self.rank = -1
         self.lanes: frozenset[int] = frozenset()
         self.last_beat: float | None = None
         self.interval = store.lease_duration.total_seconds() / 3
@@ -80,9 +82,10 @@ class Membership:
         members = tuple(await self.db.heartbeat(self._conn, self.member, self._token))
         self.last_beat = self._clock()
         rank = members.index(self.member) if self.member in members else -1
-        lanes = share(rank, len(members), self.store.lanes)
-        released = await self.db.release_lanes(self._conn, self.member, sorted(lanes))
-        if members != self.members or lanes != self.lanes:
+        changed = members != self.members or rank != self.rank
+        lanes = share(rank, len(members), self.store.lanes) if changed else self.lanes
+        released = await self.db.release_lanes(self._conn, self.member, rank, len(members))
+        if changed:
             logger.info(
                 "member %s of store %s: rank %s of %s, %s lanes",
                 self.member,
@@ -99,6 +102,7 @@ class Membership:
                 extra={"action": "release", "store": self.store.name, "member": self.member},
             )
         self.members = members
+        self.rank = rank
         self._set_lanes(lanes)
         self.joined.set()
 
@@ -109,7 +113,8 @@ class Membership:
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = await self._connect()
-            released = await self.db.release_lanes(self._conn, self.member, sorted(self.lanes))
+            rank = self.rank if self.lanes else -1
+            released = await self.db.release_lanes(self._conn, self.member, rank, len(self.members))
         except DATABASE_TROUBLE as exc:
             logger.debug("releasing lanes of store %s failed: %s", self.store.name, exc)
             return
@@ -154,6 +159,7 @@ class Membership:
                     extra={"action": "heartbeat_failed", "store": self.store.name},
                 )
                 if self.expired():
+                    self.rank = -1
                     self._set_lanes(frozenset())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
@@ -173,6 +179,7 @@ class Membership:
         except DATABASE_TROUBLE as exc:
             logger.warning("leaving store %s failed: %s", self.store.name, exc)
         finally:
+            self.rank = -1
             self._set_lanes(frozenset())
             await self._drop_connection()
 

@@ -130,10 +130,13 @@ class RelayStore:
         return [str(row[0]) for row in await cursor.fetchall()]
 
     async def release_lanes(
-        self, conn: psycopg.AsyncConnection[Any], member: str, keep: Sequence[int]
+        self, conn: psycopg.AsyncConnection[Any], member: str, rank: int, members: int
     ) -> int:
+        """Give up the held lanes outside the share of the member at ``rank`` of ``members``
+        (rank < 0: every lane)."""
         cursor = await conn.execute(
-            self.queries["release_lanes"], {"member": member, "keep": list(keep)}
+            self.queries["release_lanes"],
+            {"member": member, "rank": rank, "members": max(members, 1)},
         )
         return cursor.rowcount
 
@@ -141,26 +144,21 @@ class RelayStore:
         await conn.execute(self.queries["leave"], {"member": member})
 
     async def probe(
-        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int], *, busy_only: bool = False
+        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
     ) -> list[LaneHead]:
-        """Each lane's head; with ``busy_only``, only lanes that hold a row are returned (found
-        with a loose index scan: the cost follows busy lanes, not lanes)."""
-        query = self.queries["probe_share" if busy_only else "probe"]
-        cursor = await conn.execute(query, {"lanes": list(lanes)})
-        return [
-            LaneHead(
-                lane=int(lane),
-                head_id=head_id,
-                future=bool(future),
-                due_in=float(due_in or 0.0),
-                owner=owner or None,
-                lease_live=bool(lease_live),
-                lease_left=float(lease_left or 0.0),
-            )
-            for lane, head_id, _deliver_at, future, due_in, owner, lease_live, lease_left in (
-                await cursor.fetchall()
-            )
-        ]
+        """Each of ``lanes``' head."""
+        cursor = await conn.execute(self.queries["probe"], {"lanes": list(lanes)})
+        return _heads(await cursor.fetchall())
+
+    async def probe_share(
+        self, conn: psycopg.AsyncConnection[Any], rank: int, members: int
+    ) -> list[LaneHead]:
+        """The heads of the lanes of the share of the member at ``rank`` of ``members`` that
+        hold a row (found with a loose index scan: the cost follows busy lanes, not lanes)."""
+        cursor = await conn.execute(
+            self.queries["probe_share"], {"rank": rank, "members": max(members, 1)}
+        )
+        return _heads(await cursor.fetchall())
 
     async def lock_and_read(
         self,
@@ -266,6 +264,21 @@ class RelayStore:
         assert row is not None
         deleted, failed, gave_up, unparked, _ = row
         return Outcomes(int(deleted), int(failed), tuple(gave_up), int(unparked))
+
+
+def _heads(rows: Sequence[Sequence[Any]]) -> list[LaneHead]:
+    return [
+        LaneHead(
+            lane=int(lane),
+            head_id=head_id,
+            future=bool(future),
+            due_in=float(due_in or 0.0),
+            owner=owner or None,
+            lease_live=bool(lease_live),
+            lease_left=float(lease_left or 0.0),
+        )
+        for lane, head_id, _deliver_at, future, due_in, owner, lease_live, lease_left in rows
+    ]
 
 
 async def abandon(conn: psycopg.AsyncConnection[Any]) -> None:

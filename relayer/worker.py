@@ -202,11 +202,11 @@ class StoreRuntime:
         self._wake_again = True
         while self._wake_again:
             self._wake_again = False
-            lanes = sorted(self.membership.lanes)
-            if not lanes:
+            membership = self.membership
+            if not membership.lanes:
                 return
             try:
-                heads = await self.prober.heads(lanes)
+                heads = await self.prober.heads(membership.rank, len(membership.members))
             except DATABASE_TROUBLE as exc:
                 self.stats.last_error = redact(str(exc))
                 return  # the next poll tries again

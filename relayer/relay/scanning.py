@@ -8,7 +8,7 @@ or a new share).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -33,19 +33,23 @@ class Prober:
         return await self._probes.get(lane)
 
     async def _probe(self, lanes: list[int]) -> dict[int, LaneHead]:
-        return {head.lane: head for head in await self._query(lanes, busy_only=False)}
+        heads = await self._query(lambda conn: self._store.probe(conn, lanes))
+        return {head.lane: head for head in heads}
 
-    async def heads(self, lanes: Sequence[int]) -> list[LaneHead]:
-        """The heads of ``lanes`` that hold rows (a member's whole share), in one query."""
-        return await self._query(lanes, busy_only=True)
+    async def heads(self, rank: int, members: int) -> list[LaneHead]:
+        """The heads that hold rows in the share of the member at ``rank`` of ``members``
+        (lane % members == rank), in one query."""
+        return await self._query(lambda conn: self._store.probe_share(conn, rank, members))
 
-    async def _query(self, lanes: Sequence[int], *, busy_only: bool) -> list[LaneHead]:
+    async def _query(
+        self, run: Callable[[psycopg.AsyncConnection[Any]], Awaitable[list[LaneHead]]]
+    ) -> list[LaneHead]:
         async with self._lock:
             try:
                 if self._conn is None or self._conn.closed:
                     self._conn = await self._connect()
                 self.queries += 1
-                return await self._store.probe(self._conn, lanes, busy_only=busy_only)
+                return await run(self._conn)
             except BaseException:
                 if self._conn is not None and self._conn.broken:
                     self._conn = None

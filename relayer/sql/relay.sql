@@ -41,11 +41,13 @@ DELETE FROM {leases} WHERE name = 'member:' || %(member)s
 -- name: release_lanes
 -- Give up held lanes outside this member's share at once (rows locked by a batch are skipped:
 -- that batch finishes first and the lane is released on the next heartbeat).
+-- The share is given as (rank, members): lane %% members = rank (no array of up to 65,536
+-- lanes to bind and search); a rank below 0 keeps nothing.
 UPDATE {leases} SET expires_at = '-infinity', renewed_at = now()
 WHERE name IN (
     SELECT name FROM {leases}
     WHERE lane IS NOT NULL AND owner = %(member)s AND expires_at > now()
-      AND NOT (lane = ANY(%(keep)s))
+      AND (%(rank)s < 0 OR lane %% %(members)s <> %(rank)s)
     FOR UPDATE SKIP LOCKED
 )
 
@@ -87,9 +89,10 @@ LEFT JOIN LATERAL (
 LEFT JOIN {leases} AS s ON s.lane = l.lane
 
 -- name: probe_share
--- The same, for a member's whole share (up to 65,536 lanes): a loose index scan first finds the
--- lanes that hold any row (one index descent per busy lane, not per lane), and only those of
--- the share are probed. Lanes without rows are not returned.
+-- The same, for a member's whole share (up to 65,536 lanes), given as (rank, members): the
+-- lanes with lane %% members = rank. A loose index scan first finds the lanes that hold any row
+-- (one index descent per busy lane, not per lane), and only those of the share are probed.
+-- Lanes without rows are not returned.
 WITH RECURSIVE busy(lane) AS (
     (SELECT o.lane FROM {outbox} AS o WHERE o.lane >= 0 ORDER BY o.lane, o.id LIMIT 1)
     UNION ALL
@@ -107,7 +110,7 @@ JOIN LATERAL (
     LIMIT 1
 ) AS h ON true
 LEFT JOIN {leases} AS s ON s.lane = l.lane
-WHERE l.lane = ANY(%(lanes)s::int4[])
+WHERE %(rank)s >= 0 AND l.lane %% %(members)s = %(rank)s
 
 -- name: batch_settings
 -- For the batch transaction only. A lane's rows are inserted and deleted all day: an ordered
