@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from relayer.cli.common import EXIT_OK, Context, tcp_port
-from relayer.errors import ConfigurationError, RelayerError, UsageError
+from relayer.errors import ConfigurationError, RelayerError, UsageError, install_command
 
 logger = logging.getLogger(__name__)
 TOKEN_VARIABLE = "RELAYER_DASHBOARD_TOKEN"
@@ -88,7 +88,7 @@ async def _dashboard(context: Context) -> int:
     except ImportError as exc:
         raise UsageError(
             f"the dashboard needs the 'dashboard' extra ({exc.name} is missing): "
-            "pip install 'relayer[dashboard]'"
+            f"{install_command('dashboard')}"
         ) from None
     if not 1 <= arguments.interval <= 60:
         raise ConfigurationError("--interval", arguments.interval, "must be from 1 to 60 seconds")
