@@ -134,7 +134,7 @@ class StoreSettings(BaseModel):
     notify: bool = True
     # Wake-ups (writers' notifications) that arrive within this window are served together:
     # one probe-free pass and shared batch transactions instead of one each (0: at once).
-    wake_linger: Duration = timedelta(milliseconds=2)
+    wake_linger: Duration = timedelta(milliseconds=3)
     default_transport: str | None = None
     transports: dict[str, TransportSettings] = Field(default_factory=dict)
     # Unordered rows and maintenance (docs/unordered.md, docs/operations.md).

@@ -80,7 +80,7 @@ SELECT l.lane,
 -- name: probe
 -- Read-only: for each lane, its first non-parked head and the lane lease's holder.
 {_head_columns}
-FROM unnest(%(lanes)s::int4[]) AS l(lane)
+FROM unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]) AS l(lane)
 LEFT JOIN LATERAL (
     SELECT o.id, o.deliver_at
     {_sendable_rows}
@@ -129,7 +129,8 @@ SET LOCAL enable_bitmapscan = off
 WITH candidates AS (
     SELECT name, lane, token, owner = %(member)s AND expires_at > now() + %(lease)s / 2 AS fresh
     FROM {leases}
-    WHERE lane = ANY(%(lanes)s::int4[]) AND (owner = %(member)s OR expires_at < now())
+    WHERE lane = ANY(pg_catalog.string_to_array(%(lanes)s, ',')::int4[])
+      AND (owner = %(member)s OR expires_at < now())
     ORDER BY lane
     FOR UPDATE SKIP LOCKED
 ), renewed AS (
@@ -160,7 +161,7 @@ SELECT lane, token FROM candidates WHERE fresh
 SELECT l.lane, o.id::text, o.ordering_key, o.transport, o.destination, o.body,
        nullif(o.headers::text, '{{}}'),
        coalesce(o.deliver_at > now(), false) AS future
-FROM unnest(%(lanes)s::int4[]) AS l(lane)
+FROM unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]) AS l(lane)
 JOIN {leases} AS s ON s.lane = l.lane AND s.owner = %(member)s AND s.expires_at > now()
 CROSS JOIN LATERAL (
     SELECT o.*
@@ -177,7 +178,8 @@ ORDER BY l.lane, o.id
 -- key that reached max_attempts.
 WITH fence AS (
     SELECT s.lane FROM {leases} AS s
-    JOIN unnest(%(lanes)s::int4[], %(tokens)s::uuid[]) AS t(lane, token)
+    JOIN unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[],
+                pg_catalog.string_to_array(%(tokens)s, ',')::uuid[]) AS t(lane, token)
         ON s.lane = t.lane AND s.token = t.token
     WHERE s.owner = %(member)s
 ), acked AS (
@@ -192,8 +194,9 @@ WITH fence AS (
     WHERE o.lane = acked.lane AND o.id = acked.id
     RETURNING o.id
 ), failure AS (
-    SELECT * FROM unnest(%(failed_lanes)s::int4[], %(failed)s::uuid[], %(errors)s::text[],
-                         %(permanent)s::bool[]) AS f(lane, id, error, permanent)
+    -- One JSON array of objects with lane, id, error and permanent (usually empty).
+    SELECT * FROM pg_catalog.jsonb_to_recordset(%(failures)s::jsonb)
+        AS f(lane int4, id uuid, error text, permanent bool)
     WHERE f.lane IN (SELECT lane FROM fence)
 ), counted AS (
     UPDATE {outbox} AS o
@@ -229,13 +232,13 @@ SELECT (SELECT count(*) FROM deleted),
        -- Fails (and so aborts the transaction, whose COMMIT was sent with this statement)
        -- unless every lane's lease still held and every acknowledged row was deleted: the text
        -- cast to an integer is the error's message (relayer.store.FENCE_MARK).
-       CASE WHEN (SELECT count(*) FROM fence) = cardinality(%(lanes)s::int4[])
+       CASE WHEN (SELECT count(*) FROM fence) = %(lane_count)s
                  AND (SELECT count(*) FROM deleted) = %(expected)s
             THEN 0
-            ELSE ('relayer-fence: lane ' || array_to_string(%(lanes)s::int4[], ', ')
+            ELSE ('relayer-fence: lane ' || pg_catalog.replace(%(lanes)s, ',', ', ')
                   || ': the fenced delete matched ' || (SELECT count(*) FROM deleted)
                   || ' of ' || %(expected)s || ' rows (lease held: '
-                  || CASE WHEN (SELECT count(*) FROM fence) = cardinality(%(lanes)s::int4[])
+                  || CASE WHEN (SELECT count(*) FROM fence) = %(lane_count)s
                           THEN 'yes' ELSE 'no' END
                   || '); rolled back, the rows will be sent again')::int4
        END
