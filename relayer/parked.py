@@ -13,6 +13,7 @@ from uuid import UUID
 
 import psycopg
 
+from relayer.schema import require_schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 
@@ -43,6 +44,16 @@ class KeyChange:
 async def list_parked(
     conn: psycopg.AsyncConnection[Any], store: StoreSettings, key: str | None = None
 ) -> list[ParkedKey]:
+    """Parked keys (or ``key`` alone), oldest first; SchemaNotAppliedError (saying what to
+    run) before `schema apply`."""
+    await require_schema(conn, store)
+    return await read_parked(conn, store, key)
+
+
+async def read_parked(
+    conn: psycopg.AsyncConnection[Any], store: StoreSettings, key: str | None = None
+) -> list[ParkedKey]:
+    """``list_parked`` for a caller that checked the schema already."""
     cursor = await conn.execute(queries_for(store.names)["parked_list"], {"key": key})
     return [
         ParkedKey(

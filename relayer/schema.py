@@ -163,6 +163,13 @@ async def require_meta(conn: psycopg.AsyncConnection[Any], store: StoreSettings)
     return meta
 
 
+async def require_schema(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreMeta:
+    """The store's metadata, for an operator command about to read or change its tables:
+    refuses a schema never applied or too old, and a lane-count mismatch, saying what to run
+    (instead of failing on a missing table)."""
+    return verify_meta(store, await read_meta(conn, store.names))
+
+
 def verify_meta(store: StoreSettings, meta: StoreMeta | None) -> StoreMeta:
     """Refuse a store whose schema is missing or too old, or whose lane count differs."""
     if meta is None:

@@ -10,7 +10,8 @@ import psycopg
 
 from relayer.health import StoreHealth, read_health
 from relayer.lanes import UNORDERED_LANE
-from relayer.parked import ParkedKey, list_parked
+from relayer.parked import ParkedKey, read_parked
+from relayer.schema import require_schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 
@@ -49,6 +50,8 @@ class StoreStatus:
 
 
 async def read_status(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreStatus:
+    """The store's state; SchemaNotAppliedError (saying what to run) before `schema apply`."""
+    await require_schema(conn, store)
     queries = queries_for(store.names)
     cursor = await conn.execute(queries["status_members"])
     members = tuple(Member(row[0], row[1], float(row[2])) for row in await cursor.fetchall())
@@ -59,6 +62,6 @@ async def read_status(conn: psycopg.AsyncConnection[Any], store: StoreSettings) 
         LanePending(None if row[0] == UNORDERED_LANE else int(row[0]), int(row[1]), float(row[2]))
         for row in await cursor.fetchall()
     )
-    parked = tuple(await list_parked(conn, store))
+    parked = tuple(await read_parked(conn, store))
     health = await read_health(conn, store)
     return StoreStatus(store.name, store.lanes, members, owners, pending, parked, health)

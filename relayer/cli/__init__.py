@@ -1,8 +1,9 @@
 """The ``relayer`` command: a thin layer over the library.
 
 Exit status: 0 success; 2 bad configuration or usage (one line naming the field, the value and
-the rule); 1 runtime failure. Each subcommand module exposes ``register(subparsers)`` and sets
-``handler`` on its parser; a handler returns the exit status.
+the rule, or a store whose schema was never applied, saying what to run); 1 runtime failure.
+Each subcommand module exposes ``register(subparsers)`` and sets ``handler`` on its parser; a
+handler returns the exit status.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from relayer.cli import (
     status_command,
 )
 from relayer.cli.common import EXIT_RUNTIME, EXIT_USAGE, Context
-from relayer.errors import ConfigurationError, RelayerError, UsageError
+from relayer.errors import ConfigurationError, RelayerError, SchemaNotAppliedError, UsageError
 from relayer.logs import configure, scrub
 
 COMMANDS = (
@@ -64,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         status: int = asyncio.run(arguments.handler(context))
         return status
-    except (ConfigurationError, UsageError) as exc:
+    except (ConfigurationError, UsageError, SchemaNotAppliedError) as exc:
         print(f"relayer: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except RelayerError as exc:

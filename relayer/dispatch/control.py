@@ -24,7 +24,7 @@ from relayer.dispatch.policies import ALL_QUEUES, InvalidDispatchError, check_qu
 from relayer.errors import ConfigurationError, SchemaNotAppliedError
 from relayer.identifiers import StoreNames
 from relayer.lanes import fnv1a_32
-from relayer.schema import read_meta
+from relayer.schema import read_meta, verify_meta
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 
@@ -79,12 +79,10 @@ def queue_lock_key(names: StoreNames, queue: str) -> int:
 async def require_dispatch_schema(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> None:
     """Refuse a store whose schema predates the queue tables (or was never applied)."""
     meta = await read_meta(conn, store.names)
-    where = f"in schema {store.db_schema!r} with prefix {store.table_prefix!r}"
     if meta is None:
-        raise SchemaNotAppliedError(
-            f"store {store.name!r}: no relayer tables {where}; run "
-            f"`relayer schema apply {store.name}` first"
-        )
+        verify_meta(store, meta)  # raises SchemaNotAppliedError, saying what to run
+        return
+    where = f"in schema {store.db_schema!r} with prefix {store.table_prefix!r}"
     if meta.schema_version < DISPATCH_SCHEMA_VERSION:
         raise SchemaNotAppliedError(
             f"store {store.name!r}: schema version {meta.schema_version} {where}; the queue "

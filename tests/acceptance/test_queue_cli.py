@@ -95,5 +95,5 @@ def test_a_store_without_the_queue_tables_is_refused(pg_dsn: str) -> None:
     from tests.conftest import make_store
 
     result = relayer(make_store(pg_dsn), "queue", "status", "orders")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "run `relayer schema apply orders`" in result.stderr
