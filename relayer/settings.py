@@ -31,9 +31,11 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
+from relayer.environment import check_environment
 from relayer.errors import ConfigurationError
 from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
 from relayer.lanes import MAX_LANES
@@ -387,11 +389,16 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Re
     path = Path(path_value) if path_value else None
     if path is not None:
         _check_toml(path)
+    check_environment(os.environ, RelayerSettings)
     token = _config_file.set(path)
     try:
         return RelayerSettings(**overrides)
     except ValidationError as exc:
         raise configuration_error_from(exc) from None
+    except SettingsError as exc:  # a shape check_environment does not foresee
+        raise ConfigurationError(
+            "environment", None, f"{exc}; check the RELAYER_ variables' nesting"
+        ) from None
     finally:
         _config_file.reset(token)
 

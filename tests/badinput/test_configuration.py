@@ -105,6 +105,32 @@ CASES: list[tuple[CliCase, str]] = [
         "log_level: 'LOUD' is invalid: Input should be 'DEBUG', 'INFO', 'WARNING' or 'ERROR'",
     ),
     (
+        CliCase("worker-section-as-text", PRINT, {"RELAYER_WORKER": "abc"}),
+        "RELAYER_WORKER: 'abc' is invalid: sets a whole section, so it must be a JSON object; "
+        "set one value per variable instead, e.g. RELAYER_WORKER__POOL_SIZE=20",
+    ),
+    (
+        CliCase("stores-section-as-text", PRINT, {"RELAYER_STORES": "orders"}),
+        "RELAYER_STORES: '***' is invalid: sets a whole section, so it must be a JSON object; "
+        "set one value per variable instead, e.g. RELAYER_STORES__<STORE>__DSN=...",
+    ),
+    (
+        CliCase("weights-as-pairs", PRINT, {"RELAYER_WORKER__WEIGHTS": "orders=3"}),
+        "RELAYER_WORKER__WEIGHTS: 'orders=3' is invalid: sets a whole section, so it must be a "
+        "JSON object; set one value per variable instead, e.g. RELAYER_WORKER__WEIGHTS__ORDERS=3",
+    ),
+    (
+        CliCase("transports-section-as-text", PRINT, {STORE + "TRANSPORTS": "kafka"}),
+        "RELAYER_STORES__ORDERS__TRANSPORTS: '***' is invalid: sets a whole section, so it must "
+        "be a JSON object; set one value per variable instead, e.g. "
+        "RELAYER_STORES__ORDERS__TRANSPORTS__<TRANSPORT>__TYPE=...",
+    ),
+    (
+        CliCase("value-as-a-section", PRINT, {"RELAYER_LOG_LEVEL__DEBUG": "1"}),
+        "RELAYER_LOG_LEVEL__DEBUG: '1' is invalid: RELAYER_LOG_LEVEL is a single value, not a "
+        "section; set RELAYER_LOG_LEVEL itself",
+    ),
+    (
         CliCase("store-not-configured", ("schema", "print", "billing")),
         "store: 'billing' is invalid: is not configured (configured stores: 'orders'); add a "
         "[stores.billing] section to the config file or set RELAYER_STORES__BILLING__DSN",
