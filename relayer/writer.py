@@ -185,6 +185,15 @@ class Outbox:
 
     def _transport(self, name: str | None) -> str | None:
         if name is None:
+            if self.store.default_transport is None and self.store.transports:
+                known = ", ".join(repr(known) for known in self.store.transports)
+                raise InvalidMessageError(
+                    "transport",
+                    None,
+                    f"store {self.store.name!r} has no default_transport, so a message must "
+                    f"name one of its transports ({known}); pass transport=..., or set "
+                    f"stores.{self.store.name}.default_transport",
+                )
             return self.store.default_transport
         name = _text("transport", name, MAX_TRANSPORT_NAME)
         if not name:
