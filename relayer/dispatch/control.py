@@ -29,7 +29,11 @@ from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 
 DISPATCH_SCHEMA_VERSION = 2  # the migration that created the queue tables (0002_dispatch)
-LIMIT_RULE = "must be an integer >= 1, or None ('none' on the command line) to remove the limit"
+MAX_LIMIT = 2**31 - 1  # the queue table's integer column
+LIMIT_RULE = (
+    f"must be an integer from 1 to {MAX_LIMIT:,}, or None ('none' on the command line) to "
+    "remove the limit"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,10 +96,11 @@ async def require_dispatch_schema(conn: psycopg.AsyncConnection[Any], store: Sto
 
 
 def check_limit(limit: object) -> int | None:
-    """A concurrency limit: an integer >= 1, or None for none. Anything else is rejected."""
+    """A concurrency limit: an integer from 1 to MAX_LIMIT, or None for none. Anything else is
+    rejected (ConfigurationError)."""
     if limit is None:
         return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ConfigurationError("limit", limit, LIMIT_RULE)
     return limit
 

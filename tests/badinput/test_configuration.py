@@ -303,7 +303,8 @@ CASES: list[tuple[CliCase, str]] = [
     ),
     (
         CliCase("queue-limit-zero", ("queue", "limit", "orders", "0")),
-        "limit: 0 is invalid: must be an integer >= 1, or 'none' to remove the limit",
+        "limit: 0 is invalid: must be an integer from 1 to 2,147,483,647, or 'none' to remove "
+        "the limit",
     ),
     (
         CliCase("drop-every-key-unconfirmed", ("parked", "drop", "orders")),
