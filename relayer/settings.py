@@ -37,7 +37,7 @@ from pydantic_settings import (
 )
 
 from relayer.environment import check_environment
-from relayer.errors import ConfigurationError
+from relayer.errors import ConfigurationError, Shown
 from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
 from relayer.lanes import MAX_LANES
 from relayer.redact import MASK, is_secret_name, redact, redact_mapping
@@ -385,6 +385,14 @@ class RelayerSettings(BaseSettings):
         except KeyError:
             if not STORE_NAME.fullmatch(name):
                 raise ConfigurationError("store", name, STORE_NAME_RULE) from None
+            if not self.stores:
+                raise ConfigurationError(
+                    "store",
+                    name,
+                    f"is not configured, and no store is: give a TOML file with --config FILE "
+                    f"or RELAYER_CONFIG, holding a [stores.{name}] section, or set "
+                    f"RELAYER_STORES__{name.upper()}__DSN",
+                ) from None
             raise ConfigurationError(
                 "store",
                 name,
@@ -477,7 +485,7 @@ def configuration_error_from(exc: ValidationError, prefix: str = "") -> Configur
     elif isinstance(value, str):
         value = redact(value)
     elif isinstance(value, Mapping):
-        value = redact_mapping(value)
+        value = Shown.names_of(value)  # a whole table would bury the one line in its values
     if len(errors) > 1:
         rule = f"{rule} (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return ConfigurationError(field or "settings", value, rule)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from relayer.cli import (
     schema_command,
     status_command,
 )
-from relayer.cli.common import EXIT_RUNTIME, EXIT_USAGE, Context
+from relayer.cli.common import EXIT_BROKEN_PIPE, EXIT_RUNTIME, EXIT_USAGE, Context
 from relayer.errors import ConfigurationError, RelayerError, SchemaNotAppliedError, UsageError
 from relayer.logs import configure, scrub
 
@@ -73,6 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RUNTIME
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`relayer parked list | head`): stop quietly, as Unix
+        # tools do, and keep the interpreter's final flush from reporting it again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _one_line(exc: Exception) -> str:

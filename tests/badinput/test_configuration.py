@@ -226,6 +226,11 @@ CASES: list[tuple[CliCase, str]] = [
         "start with amqp:// or amqps://",
     ),
     (
+        CliCase("toml-misspelt-section", PRINT, toml='[store.orders]\ndsn = "x"\nlanes = 3\n'),
+        "store: {{orders}} is invalid: is not a setting relayer knows (did you mean 'stores'?); fix "
+        "its name or remove it",
+    ),
+    (
         CliCase("store-not-configured", ("schema", "print", "billing")),
         "store: 'billing' is invalid: is not configured (configured stores: 'orders'); add a "
         "[stores.billing] section to the config file or set RELAYER_STORES__BILLING__DSN",
@@ -308,8 +313,8 @@ CASES: list[tuple[CliCase, str]] = [
     ),
     (
         CliCase("drop-every-key-unconfirmed", ("parked", "drop", "orders")),
-        "--key: None is invalid: dropping every parked key deletes their rows for good; pass "
-        "--key KEY, or --yes to drop them all",
+        "parked drop orders without --key drops every parked key's rows for good; pass --key "
+        "KEY for one key, or --yes to drop them all",
     ),
 ]
 
