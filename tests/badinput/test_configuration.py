@@ -227,8 +227,8 @@ CASES: list[tuple[CliCase, str]] = [
     ),
     (
         CliCase("toml-misspelt-section", PRINT, toml='[store.orders]\ndsn = "x"\nlanes = 3\n'),
-        "store: {{orders}} is invalid: is not a setting relayer knows (did you mean 'stores'?); fix "
-        "its name or remove it",
+        "store: {{orders}} is invalid: is not a setting relayer knows (did you mean 'stores'?); "
+        "fix its name or remove it",
     ),
     (
         CliCase("store-not-configured", ("schema", "print", "billing")),
