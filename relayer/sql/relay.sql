@@ -6,7 +6,7 @@
 -- One lease row per lane, so a batch can lock its lane with SKIP LOCKED. Idempotent.
 INSERT INTO {leases} (name, lane, owner, token, expires_at)
 SELECT 'lane:' || lane, lane, '', '00000000-0000-0000-0000-000000000000', '-infinity'
-FROM generate_series(0, %(lanes)s - 1) AS lane
+FROM pg_catalog.generate_series(0, %(lanes)s - 1) AS lane
 ON CONFLICT (name) DO NOTHING
 
 -- name: trim_lane_rows
@@ -16,16 +16,16 @@ DELETE FROM {leases} WHERE lane >= %(lanes)s
 -- Renew this member, drop expired members, and return the live members in rank order.
 WITH beat AS (
     INSERT INTO {leases} (name, owner, token, expires_at)
-    VALUES ('member:' || %(member)s, %(member)s, %(token)s, now() + %(lease)s)
+    VALUES ('member:' || %(member)s, %(member)s, %(token)s, pg_catalog.now() + %(lease)s)
     ON CONFLICT (name) DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = now()
+        SET expires_at = EXCLUDED.expires_at, renewed_at = pg_catalog.now()
     RETURNING owner
 ), expired AS (
     DELETE FROM {leases}
-    WHERE lane IS NULL AND expires_at < now() AND name <> 'member:' || %(member)s
+    WHERE lane IS NULL AND expires_at < pg_catalog.now() AND name <> 'member:' || %(member)s
 )
 SELECT owner FROM {leases}
-WHERE lane IS NULL AND expires_at >= now() AND name <> 'member:' || %(member)s
+WHERE lane IS NULL AND expires_at >= pg_catalog.now() AND name <> 'member:' || %(member)s
 UNION
 SELECT owner FROM beat
 ORDER BY 1
@@ -33,7 +33,7 @@ ORDER BY 1
 -- name: leave
 -- Graceful shutdown: release every lane this member holds and its membership.
 WITH lanes AS (
-    UPDATE {leases} SET expires_at = '-infinity', renewed_at = now()
+    UPDATE {leases} SET expires_at = '-infinity', renewed_at = pg_catalog.now()
     WHERE lane IS NOT NULL AND owner = %(member)s
 )
 DELETE FROM {leases} WHERE name = 'member:' || %(member)s
@@ -41,10 +41,10 @@ DELETE FROM {leases} WHERE name = 'member:' || %(member)s
 -- name: release_lanes
 -- Give up held lanes outside this member's share at once (rows locked by a batch are skipped:
 -- that batch finishes first and the lane is released on the next heartbeat).
-UPDATE {leases} SET expires_at = '-infinity', renewed_at = now()
+UPDATE {leases} SET expires_at = '-infinity', renewed_at = pg_catalog.now()
 WHERE name IN (
     SELECT name FROM {leases}
-    WHERE lane IS NOT NULL AND owner = %(member)s AND expires_at > now()
+    WHERE lane IS NOT NULL AND owner = %(member)s AND expires_at > pg_catalog.now()
       AND NOT (lane = ANY(%(keep)s))
     FOR UPDATE SKIP LOCKED
 )
@@ -58,7 +58,7 @@ FROM {outbox} AS o
     WHERE o.lane = l.lane
       AND o.ordering_key NOT IN (
           SELECT p.ordering_key FROM {parked} AS p
-          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > now())
+          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now())
       )
     ORDER BY o.id
 
@@ -67,18 +67,18 @@ FROM {outbox} AS o
 SELECT l.lane,
        h.id,
        h.deliver_at,
-       coalesce(h.deliver_at > now(), false) AS future,
-       CASE WHEN h.deliver_at > now() AND isfinite(h.deliver_at)
-            THEN extract(epoch FROM h.deliver_at - now())::float8 ELSE 0 END AS due_in,
+       coalesce(h.deliver_at > pg_catalog.now(), false) AS future,
+       CASE WHEN h.deliver_at > pg_catalog.now() AND pg_catalog.isfinite(h.deliver_at)
+            THEN extract(epoch FROM h.deliver_at - pg_catalog.now())::float8 ELSE 0 END AS due_in,
        s.owner,
-       coalesce(s.expires_at > now(), false) AS lease_live,
-       CASE WHEN s.expires_at > now() AND isfinite(s.expires_at)
-            THEN extract(epoch FROM s.expires_at - now())::float8 ELSE 0 END AS lease_left
+       coalesce(s.expires_at > pg_catalog.now(), false) AS lease_live,
+       CASE WHEN s.expires_at > pg_catalog.now() AND pg_catalog.isfinite(s.expires_at)
+            THEN extract(epoch FROM s.expires_at - pg_catalog.now())::float8 ELSE 0 END AS lease_left
 
 -- name: probe
 -- Read-only: for each lane, its first non-parked head and the lane lease's holder.
 {_head_columns}
-FROM unnest(%(lanes)s::int4[]) AS l(lane)
+FROM pg_catalog.unnest(%(lanes)s::int4[]) AS l(lane)
 LEFT JOIN LATERAL (
     SELECT o.id, o.deliver_at
     {_sendable_rows}
@@ -124,20 +124,20 @@ SET LOCAL enable_bitmapscan = off
 -- lease); any other is taken or renewed for a whole lease, keeping its token while it is this
 -- member's and live. Returns the lanes locked, each with its token.
 WITH candidates AS (
-    SELECT name, lane, token, owner = %(member)s AND expires_at > now() + %(lease)s / 2 AS fresh
+    SELECT name, lane, token, owner = %(member)s AND expires_at > pg_catalog.now() + %(lease)s / 2 AS fresh
     FROM {leases}
-    WHERE lane = ANY(%(lanes)s::int4[]) AND (owner = %(member)s OR expires_at < now())
+    WHERE lane = ANY(%(lanes)s::int4[]) AND (owner = %(member)s OR expires_at < pg_catalog.now())
     ORDER BY lane
     FOR UPDATE SKIP LOCKED
 ), renewed AS (
     UPDATE {leases} AS s
     SET owner = %(member)s,
-        token = CASE WHEN s.owner = %(member)s AND s.expires_at > now() THEN s.token
+        token = CASE WHEN s.owner = %(member)s AND s.expires_at > pg_catalog.now() THEN s.token
                      ELSE %(token)s END,
-        acquired_at = CASE WHEN s.owner = %(member)s AND s.expires_at > now()
-                           THEN s.acquired_at ELSE now() END,
-        expires_at = now() + %(lease)s,
-        renewed_at = now()
+        acquired_at = CASE WHEN s.owner = %(member)s AND s.expires_at > pg_catalog.now()
+                           THEN s.acquired_at ELSE pg_catalog.now() END,
+        expires_at = pg_catalog.now() + %(lease)s,
+        renewed_at = pg_catalog.now()
     FROM candidates AS c
     WHERE s.name = c.name AND NOT c.fresh
     RETURNING s.lane, s.token
@@ -153,9 +153,9 @@ SELECT lane, token FROM candidates WHERE fresh
 -- are not due for a retry. Only lanes this member holds return rows; the caller also drops
 -- lanes whose lock was skipped.
 SELECT l.lane, o.id, o.ordering_key, o.transport, o.destination, o.body, o.headers::text,
-       coalesce(o.deliver_at > now(), false) AS future
-FROM unnest(%(lanes)s::int4[]) AS l(lane)
-JOIN {leases} AS s ON s.lane = l.lane AND s.owner = %(member)s AND s.expires_at > now()
+       coalesce(o.deliver_at > pg_catalog.now(), false) AS future
+FROM pg_catalog.unnest(%(lanes)s::int4[]) AS l(lane)
+JOIN {leases} AS s ON s.lane = l.lane AND s.owner = %(member)s AND s.expires_at > pg_catalog.now()
 CROSS JOIN LATERAL (
     SELECT o.*
     {_sendable_rows}
@@ -171,11 +171,13 @@ ORDER BY l.lane, o.id
 -- key that reached max_attempts.
 WITH fence AS (
     SELECT s.lane FROM {leases} AS s
-    JOIN unnest(%(lanes)s::int4[], %(tokens)s::uuid[]) AS t(lane, token)
+    JOIN ROWS FROM (pg_catalog.unnest(%(lanes)s::int4[]),
+        pg_catalog.unnest(%(tokens)s::uuid[])) AS t(lane, token)
         ON s.lane = t.lane AND s.token = t.token
     WHERE s.owner = %(member)s
 ), acked AS (
-    SELECT * FROM unnest(%(acked_lanes)s::int4[], %(acked)b::uuid[]) AS a(lane, id)
+    SELECT * FROM ROWS FROM (pg_catalog.unnest(%(acked_lanes)s::int4[]),
+        pg_catalog.unnest(%(acked)b::uuid[])) AS a(lane, id)
     WHERE a.lane IN (SELECT lane FROM fence)
 ), deleted AS (
     DELETE FROM {outbox} AS o
@@ -183,8 +185,10 @@ WITH fence AS (
     WHERE o.lane = acked.lane AND o.id = acked.id
     RETURNING o.id
 ), failure AS (
-    SELECT * FROM unnest(%(failed_lanes)s::int4[], %(failed)s::uuid[], %(errors)s::text[],
-                         %(permanent)s::bool[]) AS f(lane, id, error, permanent)
+    SELECT * FROM ROWS FROM (pg_catalog.unnest(%(failed_lanes)s::int4[]),
+        pg_catalog.unnest(%(failed)s::uuid[]),
+        pg_catalog.unnest(%(errors)s::text[]),
+        pg_catalog.unnest(%(permanent)s::bool[])) AS f(lane, id, error, permanent)
     WHERE f.lane IN (SELECT lane FROM fence)
 ), counted AS (
     UPDATE {outbox} AS o
@@ -198,12 +202,12 @@ WITH fence AS (
            CASE WHEN permanent OR attempts >= %(max_attempts)s THEN NULL
                 -- The exponent is capped: 2^20 backoffs exceed any backoff_max (at most 7 days),
                 -- and an unbounded power would overflow the interval after a few dozen attempts.
-                ELSE now() + least(%(backoff)s * power(2, least(attempts - 1, 20)), %(backoff_max)s)
+                ELSE pg_catalog.now() + least(%(backoff)s * pg_catalog.power(2, least(attempts - 1, 20)), %(backoff_max)s)
            END
     FROM counted
     ON CONFLICT (ordering_key) DO UPDATE
         SET head_id = EXCLUDED.head_id, attempts = EXCLUDED.attempts,
-            last_error = EXCLUDED.last_error, retry_at = EXCLUDED.retry_at, updated_at = now()
+            last_error = EXCLUDED.last_error, retry_at = EXCLUDED.retry_at, updated_at = pg_catalog.now()
     RETURNING lane, retry_at IS NULL AS gave_up
 ), unparked AS (
     -- A key whose retried head went through is free again, unless a later row of it failed
@@ -213,15 +217,15 @@ WITH fence AS (
       AND ordering_key NOT IN (SELECT ordering_key FROM counted)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM deleted),
-       (SELECT count(*) FROM counted),
-       (SELECT coalesce(array_agg(lane), ARRAY[]::int4[]) FROM parked WHERE gave_up),
-       (SELECT count(*) FROM unparked),
+SELECT (SELECT pg_catalog.count(*) FROM deleted),
+       (SELECT pg_catalog.count(*) FROM counted),
+       (SELECT coalesce(pg_catalog.array_agg(lane), ARRAY[]::int4[]) FROM parked WHERE gave_up),
+       (SELECT pg_catalog.count(*) FROM unparked),
        -- Raises (and so aborts the transaction, whose COMMIT was sent with this statement)
        -- unless every lane's lease still held and every acknowledged row was deleted.
        pg_temp.relayer_fence_check(
-           (SELECT count(*) FROM fence) = cardinality(%(lanes)s::int4[]),
-           (SELECT count(*) FROM deleted), %(expected)s, %(lanes)s::int4[]
+           (SELECT pg_catalog.count(*) FROM fence) = pg_catalog.cardinality(%(lanes)s::int4[]),
+           (SELECT pg_catalog.count(*) FROM deleted), %(expected)s, %(lanes)s::int4[]
        )
 
 -- name: fence_check_function
@@ -232,7 +236,7 @@ CREATE OR REPLACE FUNCTION pg_temp.relayer_fence_check(
 BEGIN
     IF NOT held OR deleted <> expected THEN
         RAISE EXCEPTION 'relayer: lane %: the fenced delete matched % of % rows (lease held: %); '
-            'rolled back, the rows will be sent again', array_to_string(lanes, ', '), deleted,
+            'rolled back, the rows will be sent again', pg_catalog.array_to_string(lanes, ', '), deleted,
             expected,
             CASE WHEN held THEN 'yes' ELSE 'no' END
             USING ERRCODE = 'RL001';
