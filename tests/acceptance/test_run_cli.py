@@ -78,7 +78,7 @@ def test_run_relays_until_sigterm_then_leaves(memory_store: StoreSettings) -> No
     assert process.returncode == 0, stderr
     status = relayer("status", "orders", env=worker_env(memory_store))
     assert "members (0):" in status.stdout
-    assert "lanes leased: 0" in status.stdout
+    assert "lanes owned: 0 (0 leased now), not owned: 8" in status.stdout
 
 
 def test_a_store_without_default_transport_is_warned_about_once_started(
