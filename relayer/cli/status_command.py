@@ -44,8 +44,7 @@ def render(status: StoreStatus) -> str:
         lines.append("  none live")
     unowned = status.lanes - len(status.owners)
     lines.append(
-        f"lanes owned: {len(status.owners)} ({len(status.leased)} leased now), "
-        f"not owned: {unowned}"
+        f"lanes owned: {len(status.owners)} ({len(status.leased)} leased now), not owned: {unowned}"
     )
     lines.append(
         f"pending: {status.total_pending:,} rows, oldest {status.oldest_age_seconds:,.1f} s"
