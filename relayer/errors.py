@@ -6,6 +6,8 @@ Driver errors are translated once, at the edge (store, writer, transports), with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # The name relayer is installed under (the import package and the command are ``relayer``).
 DISTRIBUTION = "relayer-outbox"
 
@@ -17,6 +19,26 @@ def install_command(extra: str) -> str:
 
 class RelayerError(Exception):
     """Root of every error relayer raises on purpose."""
+
+
+class Shown:
+    """A value shown in an error as this text (a size, the start of a long value, the names of
+    a table's settings) instead of its whole repr."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    @classmethod
+    def names_of(cls, table: object) -> Shown:
+        """A table (mapping) as ``{name, name, ...}``: which settings it holds, not their values."""
+        names = list(table) if isinstance(table, Mapping) else []
+        shown = ", ".join(str(name) for name in names[:8]) + (", ..." if len(names) > 8 else "")
+        return cls("{" + shown + "}")
 
 
 class ConfigurationError(RelayerError, ValueError):

@@ -20,6 +20,7 @@ from uuid import UUID
 import psycopg
 
 from relayer.dispatch.control import default_actor
+from relayer.schema import require_schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 
@@ -91,6 +92,16 @@ class KeyOutcome:
 async def list_parked(
     conn: psycopg.AsyncConnection[Any], store: StoreSettings, key: str | None = None
 ) -> list[ParkedKey]:
+    """Parked keys (or ``key`` alone), oldest first; SchemaNotAppliedError (saying what to
+    run) before `schema apply`."""
+    await require_schema(conn, store)
+    return await read_parked(conn, store, key)
+
+
+async def read_parked(
+    conn: psycopg.AsyncConnection[Any], store: StoreSettings, key: str | None = None
+) -> list[ParkedKey]:
+    """``list_parked`` for a caller that checked the schema already."""
     cursor = await conn.execute(queries_for(store.names)["parked_list"], {"key": key})
     return [
         ParkedKey(

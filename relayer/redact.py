@@ -12,14 +12,18 @@ from typing import Any
 
 MASK = "***"
 
-# user:password@ in any URL (postgresql://, amqp://, amqps://, sasl urls ...).
-_URL_PASSWORD = re.compile(
-    r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]*)(?=@)"
-)
-# password=... in a libpq conninfo string or in a URL query (?password=...&).
+# user:password@ in any URL (postgresql://, amqp://, amqps://, sasl urls ...). The password
+# may hold spaces (libpq refuses them, but the text being shown may be that refusal).
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@/]*)(?=@)")
+# password=... in a libpq conninfo string or in a URL query (?password=...&). A value is quoted
+# ('two words', with \' for a quote; an unterminated quote runs to the end), double-quoted
+# (not libpq's quoting, but a user's attempt at it), or unquoted with backslash escapes
+# (two\ words): each form is masked whole, so no word of a password with spaces shows.
 _KEYWORD_SECRET = re.compile(
     r"(?P<head>\b(?:password|passwd|pass|sslpassword|secret|token|api[_-]?key)\s*=\s*)"
-    r"(?P<secret>'(?:[^'\\]|\\.)*'|[^\s&;]*)",
+    r"(?P<secret>'(?:[^'\\]|\\.)*(?:'|\\?$)"
+    r"|\"(?:[^\"\\]|\\.)*(?:\"|\\?$)"
+    r"|(?:[^\s&;\\]|\\.|\\$)*)",
     re.IGNORECASE,
 )
 

@@ -29,6 +29,12 @@ from relayer.identifiers import TABLE_SUFFIXES, StoreNames
 from relayer.settings import StoreSettings
 from relayer.sql import compose, queries_for
 
+# Inside apply's transaction (and the drift check's), names in the migrations resolve to
+# PostgreSQL's own functions, types and operators whatever the role's or database's search_path
+# puts first: a column default is bound when it is created, so a schema placed ahead of
+# pg_catalog (`search_path = evil, pg_catalog`) could otherwise plant its now() in every insert.
+# SET LOCAL ends with the transaction, so a pooled connection keeps its own setting.
+PIN_SEARCH_PATH: LiteralString = "SET LOCAL search_path = pg_catalog, pg_temp"
 _MIGRATION_FILE = re.compile(r"(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql")
 _TEMP = "pg_temp"
 
@@ -98,7 +104,8 @@ def render(store: StoreSettings) -> str:
     queries = queries_for(names)
     parts = [
         "BEGIN;",
-        f"SELECT pg_advisory_xact_lock({names.lock_key});",
+        PIN_SEARCH_PATH + ";",
+        f"SELECT pg_catalog.pg_advisory_xact_lock({names.lock_key});",
         queries["create_schema"] + ";",
         queries["create_migrations_table"] + ";",
     ]
@@ -163,6 +170,13 @@ async def require_meta(conn: psycopg.AsyncConnection[Any], store: StoreSettings)
     return meta
 
 
+async def require_schema(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreMeta:
+    """The store's metadata, for an operator command about to read or change its tables:
+    refuses a schema never applied or too old, and a lane-count mismatch, saying what to run
+    (instead of failing on a missing table)."""
+    return verify_meta(store, await read_meta(conn, store.names))
+
+
 def verify_meta(store: StoreSettings, meta: StoreMeta | None) -> StoreMeta:
     """Refuse a store whose schema is missing or too old, or whose lane count differs."""
     if meta is None:
@@ -192,6 +206,7 @@ async def apply(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> App
     lanes_changed_from: int | None = None
     try:
         async with conn.transaction():
+            await conn.execute(PIN_SEARCH_PATH)
             await conn.execute(queries["lock_schema_changes"], (names.lock_key,))
             await conn.execute(queries["create_schema"])
             await conn.execute(queries["create_migrations_table"])
@@ -243,27 +258,27 @@ async def _change_lane_count(
 # -- drift -------------------------------------------------------------------------------------
 
 _COLUMNS: LiteralString = """
-SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
-       coalesce(pg_get_expr(d.adbin, d.adrelid), '')
-FROM pg_class c
-JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+SELECT c.relname, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull,
+       coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
 WHERE c.relnamespace = %s AND c.relname = ANY(%s) AND c.relkind IN ('r', 'p')
 """
 _INDEXES: LiteralString = """
-SELECT t.relname, i.relname, pg_get_indexdef(i.oid)
-FROM pg_index x
-JOIN pg_class i ON i.oid = x.indexrelid
-JOIN pg_class t ON t.oid = x.indrelid
+SELECT t.relname, i.relname, pg_catalog.pg_get_indexdef(i.oid)
+FROM pg_catalog.pg_index x
+JOIN pg_catalog.pg_class i ON i.oid = x.indexrelid
+JOIN pg_catalog.pg_class t ON t.oid = x.indrelid
 WHERE t.relnamespace = %s AND t.relname = ANY(%s)
 """
 _CONSTRAINTS: LiteralString = """
-SELECT t.relname, pg_get_constraintdef(k.oid)
-FROM pg_constraint k JOIN pg_class t ON t.oid = k.conrelid
+SELECT t.relname, pg_catalog.pg_get_constraintdef(k.oid)
+FROM pg_catalog.pg_constraint k JOIN pg_catalog.pg_class t ON t.oid = k.conrelid
 WHERE t.relnamespace = %s AND t.relname = ANY(%s) AND k.contype IN ('c', 'u', 'f')
 """
-_SCHEMA_OID: LiteralString = "SELECT oid FROM pg_namespace WHERE nspname = %s"
-_TEMP_OID: LiteralString = "SELECT pg_my_temp_schema()::oid"
+_SCHEMA_OID: LiteralString = "SELECT oid FROM pg_catalog.pg_namespace WHERE nspname = %s"
+_TEMP_OID: LiteralString = "SELECT pg_catalog.pg_my_temp_schema()::oid"
 _QUALIFIER = re.compile(r' ON (ONLY )?(?:"(?:[^"]|"")+"|[a-z_][a-z0-9_$]*)\.')
 
 
@@ -333,7 +348,10 @@ async def _compare_catalogs(
     names = store.names
     tables = [names.table(role) for role in TABLE_SUFFIXES if role != "migrations"]
     drift: list[Drift] = []
-    async with conn.cursor() as cursor:
+    # Both catalogs are read under the pinned search_path: pg_get_expr shows a function
+    # qualified or not depending on it, and the expected tables must bind what apply binds.
+    async with conn.cursor() as cursor, conn.transaction(force_rollback=True):
+        await cursor.execute(PIN_SEARCH_PATH)
         await cursor.execute(_SCHEMA_OID, (names.schema,))
         row = await cursor.fetchone()
         if row is None:

@@ -9,6 +9,7 @@ naming the field, the value and the rule.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -32,10 +33,12 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
-from relayer.errors import ConfigurationError
+from relayer.environment import check_environment
+from relayer.errors import ConfigurationError, Shown
 from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
 from relayer.lanes import MAX_LANES
 from relayer.redact import MASK, is_secret_name, redact, redact_mapping
@@ -76,6 +79,16 @@ def _parse_duration(value: object) -> object:
 
 
 Duration = Annotated[timedelta, BeforeValidator(_parse_duration)]
+
+
+def _refuse_booleans(value: object) -> object:
+    """``lanes = true`` must not become 1: booleans are not counts."""
+    if isinstance(value, bool):
+        raise ValueError("must be a whole number, not true or false")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_refuse_booleans)]
 
 _OFF = ("off", "none", "never")
 
@@ -123,14 +136,14 @@ class StoreSettings(BaseModel):
     dsn: str | None = Field(default=None, repr=False)
     db_schema: str = Field(default="public", alias="schema")
     table_prefix: str = "relayer_"
-    lanes: int = 64
+    lanes: Count = 64
     lease_duration: Duration = timedelta(seconds=30)
     poll_interval: Duration = timedelta(seconds=1)
-    batch_size: int = 500
-    max_attempts: int = 10
+    batch_size: Count = 500
+    max_attempts: Count = 10
     retry_backoff: Duration = timedelta(seconds=1)
     retry_backoff_max: Duration = timedelta(minutes=5)
-    max_body_bytes: int = 16 * 1024 * 1024
+    max_body_bytes: Count = 16 * 1024 * 1024
     notify: bool = True
     # Wake-ups (writers' notifications) that arrive within this window are served together:
     # one probe-free pass and shared batch transactions instead of one each (0: at once).
@@ -146,6 +159,11 @@ class StoreSettings(BaseModel):
     inbox_retention: OptionalDuration = timedelta(days=7)
     sequence_numbers: bool = False
     sequence_retention: OptionalDuration = None
+
+    @field_validator("dsn")
+    @classmethod
+    def _check_dsn(cls, value: str | None) -> str | None:
+        return check_dsn(value)
 
     @field_validator("name")
     @classmethod
@@ -165,7 +183,13 @@ class StoreSettings(BaseModel):
     @field_validator("db_schema")
     @classmethod
     def _check_schema(cls, value: str) -> str:
-        return _as_value_error(check_plain_identifier, "schema", value)
+        value = _as_value_error(check_plain_identifier, "schema", value)
+        if value == "information_schema" or value.startswith("pg_"):
+            raise ValueError(
+                "is a PostgreSQL system schema (pg_* and information_schema are reserved, and "
+                "pg_dump leaves them out); use a schema of your own, such as 'relayer' or 'public'"
+            )
+        return value
 
     @field_validator("table_prefix")
     @classmethod
@@ -284,9 +308,9 @@ class WorkerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    pool_size: int = Field(default=20, ge=1, le=10_000)
+    pool_size: Count = Field(default=20, ge=1, le=10_000)
     policy: Literal["strict", "weighted"] = "weighted"
-    weights: dict[str, int] = Field(default_factory=dict)
+    weights: dict[str, Count] = Field(default_factory=dict)
 
     @field_validator("weights")
     @classmethod
@@ -313,6 +337,11 @@ class RelayerSettings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 
+    @field_validator("dsn")
+    @classmethod
+    def _check_dsn(cls, value: str | None) -> str | None:
+        return check_dsn(value)
+
     @field_validator("stores", mode="before")
     @classmethod
     def _name_stores(cls, value: object) -> object:
@@ -338,6 +367,15 @@ class RelayerSettings(BaseSettings):
                     f"{seen[where]!r}; distinct stores must not share tables",
                 )
             seen[where] = name
+        for name, weight in self.worker.weights.items():
+            if name not in self.stores:
+                close = difflib.get_close_matches(name, list(self.stores), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise _RelationError(
+                    f"worker.weights.{name}",
+                    weight,
+                    f"names no configured store (configured stores: {_names(self.stores)})" + hint,
+                )
         return self
 
     @classmethod
@@ -365,6 +403,14 @@ class RelayerSettings(BaseSettings):
         except KeyError:
             if not STORE_NAME.fullmatch(name):
                 raise ConfigurationError("store", name, STORE_NAME_RULE) from None
+            if not self.stores:
+                raise ConfigurationError(
+                    "store",
+                    name,
+                    f"is not configured, and no store is: give a TOML file with --config FILE "
+                    f"or RELAYER_CONFIG, holding a [stores.{name}] section, or set "
+                    f"RELAYER_STORES__{name.upper()}__DSN",
+                ) from None
             raise ConfigurationError(
                 "store",
                 name,
@@ -422,11 +468,16 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Re
     path = config_file_path(config_file)
     if path is not None:
         _check_toml(path)
+    check_environment(os.environ, RelayerSettings)
     token = _config_file.set(path)
     try:
         return RelayerSettings(**overrides)
     except ValidationError as exc:
         raise configuration_error_from(exc) from None
+    except SettingsError as exc:  # a shape check_environment does not foresee
+        raise ConfigurationError(
+            "environment", None, f"{exc}; check the RELAYER_ variables' nesting"
+        ) from None
     finally:
         _config_file.reset(token)
 
@@ -456,7 +507,9 @@ def configuration_error_from(exc: ValidationError, prefix: str = "") -> Configur
     elif isinstance(error, ConfigurationError):
         value, rule = error.value, error.rule
     elif first["type"] == "extra_forbidden":
-        rule = "is not a setting relayer knows; fix its name or remove it"
+        close = difflib.get_close_matches(location[-1], _setting_names(), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        rule = f"is not a setting relayer knows{hint}; fix its name or remove it"
     elif rule.startswith("Value error, "):
         rule = rule.removeprefix("Value error, ")
     field = ".".join(part for part in ([prefix] if prefix else []) + location if part)
@@ -467,10 +520,47 @@ def configuration_error_from(exc: ValidationError, prefix: str = "") -> Configur
     elif isinstance(value, str):
         value = redact(value)
     elif isinstance(value, Mapping):
-        value = redact_mapping(value)
+        value = Shown.names_of(value)  # a whole table would bury the one line in its values
     if len(errors) > 1:
         rule = f"{rule} (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return ConfigurationError(field or "settings", value, rule)
+
+
+_QUOTED = re.compile(r'"[^"]*"')
+
+
+def check_dsn(value: str | None) -> str | None:
+    """A DSN libpq can parse (a ``postgresql://`` URL or key=value pairs), or None.
+
+    The reason libpq gives quotes pieces of the DSN, which may be pieces of a password, so
+    they are left out of the error.
+    """
+    if not value:
+        return value
+    from psycopg import ProgrammingError  # libpq is the authority on what parses
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(value)
+    except ProgrammingError as exc:
+        reason = _QUOTED.sub(_elide_quoted, str(exc).strip().splitlines()[0] if str(exc) else "")
+        raise ValueError(
+            f"is not a PostgreSQL connection string ({reason}); use a postgresql:// URL "
+            "(percent-encode spaces as %20) or key=value pairs, putting a value that contains "
+            "spaces in single quotes"
+        ) from None
+    return value
+
+
+def _setting_names() -> list[str]:
+    models: tuple[type[BaseModel], ...] = (RelayerSettings, StoreSettings, WorkerSettings)
+    return sorted(
+        {field.alias or name for model in models for name, field in model.model_fields.items()}
+    )
+
+
+def _elide_quoted(match: re.Match[str]) -> str:
+    return match[0] if match[0] == '"="' else '"..."'
 
 
 def _as_value_error(check: Any, field: str, value: str) -> str:

@@ -20,7 +20,7 @@ import psycopg
 from psycopg.adapt import Dumper, PyFormat
 from psycopg.pq import Format
 
-from relayer.errors import InvalidMessageError
+from relayer.errors import InvalidMessageError, Shown
 from relayer.ids import uuid7, uuid7_block, uuid7_iter
 from relayer.lanes import UNORDERED_LANE, lane_for
 from relayer.schema import StoreMeta, verify_meta
@@ -156,7 +156,7 @@ class Outbox:
         if len(body) > self.store.max_body_bytes:
             raise InvalidMessageError(
                 "body",
-                _Shown(f"<{len(body):,} bytes>"),
+                Shown(f"<{len(body):,} bytes>"),
                 f"is larger than this store's max_body_bytes ({self.store.max_body_bytes:,}); "
                 "send less, or raise max_body_bytes (the broker must accept it too)",
             )
@@ -185,6 +185,15 @@ class Outbox:
 
     def _transport(self, name: str | None) -> str | None:
         if name is None:
+            if self.store.default_transport is None and self.store.transports:
+                known = ", ".join(repr(known) for known in self.store.transports)
+                raise InvalidMessageError(
+                    "transport",
+                    None,
+                    f"store {self.store.name!r} has no default_transport, so a message must "
+                    f"name one of its transports ({known}); pass transport=..., or set "
+                    f"stores.{self.store.name}.default_transport",
+                )
             return self.store.default_transport
         name = _text("transport", name, MAX_TRANSPORT_NAME)
         if not name:
@@ -472,24 +481,12 @@ def _headers(headers: Mapping[str, str] | None) -> EncodedJson:
     if size > MAX_HEADERS_BYTES:
         raise InvalidMessageError(
             "headers",
-            _Shown(f"<{size:,} bytes>"),
+            Shown(f"<{size:,} bytes>"),
             f"the total is limited to {MAX_HEADERS_BYTES:,} bytes; put large data in the body",
         )
     return EncodedJson(json.dumps(checked, ensure_ascii=False, separators=(",", ":")).encode())
 
 
-class _Shown:
-    """A value shown in an error as this text (a size, or the start of a long value)."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
 def _preview(value: object) -> object:
     text = repr(value)
-    return value if len(text) <= 80 else _Shown(text[:77] + "...")
+    return value if len(text) <= 80 else Shown(text[:77] + "...")

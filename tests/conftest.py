@@ -27,6 +27,14 @@ def with_database(dsn: str, database: str) -> str:
     return f"{dsn} dbname={database}"
 
 
+def with_user(dsn: str, user: str) -> str:
+    """``dsn`` connecting as ``user`` (without a password: the test servers trust loopback)."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
+    return f"{dsn} user={user}"
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     with started(start_postgres, "PostgreSQL") as service:

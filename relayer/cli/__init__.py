@@ -1,14 +1,16 @@
 """The ``relayer`` command: a thin layer over the library.
 
 Exit status: 0 success; 2 bad configuration or usage (one line naming the field, the value and
-the rule); 1 runtime failure. Each subcommand module exposes ``register(subparsers)`` and sets
-``handler`` on its parser; a handler returns the exit status.
+the rule, or a store whose schema was never applied, saying what to run); 1 runtime failure.
+Each subcommand module exposes ``register(subparsers)`` and sets ``handler`` on its parser; a
+handler returns the exit status.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -23,8 +25,8 @@ from relayer.cli import (
     schema_command,
     status_command,
 )
-from relayer.cli.common import EXIT_RUNTIME, EXIT_USAGE, Context
-from relayer.errors import ConfigurationError, RelayerError, UsageError
+from relayer.cli.common import EXIT_BROKEN_PIPE, EXIT_RUNTIME, EXIT_USAGE, Context
+from relayer.errors import ConfigurationError, RelayerError, SchemaNotAppliedError, UsageError
 from relayer.logs import configure, scrub
 
 COMMANDS = (
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         status: int = asyncio.run(arguments.handler(context))
         return status
-    except (ConfigurationError, UsageError) as exc:
+    except (ConfigurationError, UsageError, SchemaNotAppliedError) as exc:
         print(f"relayer: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except RelayerError as exc:
@@ -76,6 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_RUNTIME
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`relayer parked list | head`): stop quietly, as Unix
+        # tools do, and keep the interpreter's final flush from reporting it again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 def _one_line(exc: Exception) -> str:

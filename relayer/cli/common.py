@@ -10,6 +10,7 @@ from relayer.settings import RelayerSettings, StoreSettings, load_settings
 EXIT_OK = 0
 EXIT_RUNTIME = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a Unix tool killed by a closed pipe reports
 
 
 class Context:

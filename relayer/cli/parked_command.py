@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from relayer import parked
-from relayer.cli.common import EXIT_OK, Context
+from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
 from relayer.connection import connect
-from relayer.errors import ConfigurationError
+from relayer.errors import UsageError
+from relayer.parked import KeyChange
+from relayer.settings import StoreSettings
 
 
 def register(commands: Any) -> None:
@@ -56,30 +59,37 @@ async def _redrive(context: Context) -> int:
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="parked") as conn:
         changes = await parked.redrive(conn, store, context.arguments.key)
-    if not changes:
-        print(f"store {store.name!r}: no parked key{_which(context)} to redrive")
     for change in changes:
         print(f"redriven {change.key!r}: {change.rows} row(s) will be sent again, in order")
-    return EXIT_OK
+    return _outcome(context, store, changes, "redrive")
 
 
 async def _drop(context: Context) -> int:
     store = context.store(context.arguments.store)
     if context.arguments.key is None and not context.arguments.yes:
-        raise ConfigurationError(
-            "--key",
-            None,
-            "dropping every parked key deletes their rows for good; pass --key KEY, or --yes "
-            "to drop them all",
+        raise UsageError(
+            f"parked drop {store.name} without --key drops every parked key's rows for good; "
+            "pass --key KEY for one key, or --yes to drop them all"
         )
     async with await connect(store, purpose="parked") as conn:
         changes = await parked.drop(conn, store, context.arguments.key)
-    if not changes:
-        print(f"store {store.name!r}: no parked key{_which(context)} to drop")
     for change in changes:
         print(f"dropped {change.key!r}: {change.rows} row(s) deleted")
-    return EXIT_OK
+    return _outcome(context, store, changes, "drop")
 
 
-def _which(context: Context) -> str:
-    return f" {context.arguments.key!r}" if context.arguments.key else ""
+def _outcome(context: Context, store: StoreSettings, changes: list[KeyChange], action: str) -> int:
+    """Nothing to change is fine for every parked key, a failure for a named one (a typo, or
+    a key that is not parked: an operator must not believe it was redriven)."""
+    if changes:
+        return EXIT_OK
+    key = context.arguments.key
+    if key is None:
+        print(f"store {store.name!r}: no parked key to {action}")
+        return EXIT_OK
+    print(
+        f"relayer: store {store.name!r}: key {key!r} is not parked, nothing to {action}; "
+        f"`relayer parked list {store.name}` shows the parked keys",
+        file=sys.stderr,
+    )
+    return EXIT_RUNTIME

@@ -16,6 +16,7 @@ from relayer.dispatch.control import (
     LIMIT_RULE,
     QueueControl,
     QueueStatus,
+    check_limit,
     default_actor,
     require_dispatch_schema,
 )
@@ -47,7 +48,9 @@ def register(commands: Any) -> None:
 
     limit = actions.add_parser("limit", help="cap the queue's running jobs across the cluster")
     limit.add_argument("store", help="the store's name in the configuration")
-    limit.add_argument("limit", metavar="N|none", help="an integer >= 1, or 'none' for no cap")
+    limit.add_argument(
+        "limit", metavar="N|none", help="an integer from 1 to 2147483647, or 'none' for no cap"
+    )
     limit.add_argument("--queue", help="the queue (default: the store's name)")
     limit.add_argument("--reason", help="why, for the audit trail")
     limit.add_argument("--by", help="who, for the audit trail (default: user@host:pid)")
@@ -59,16 +62,18 @@ def register(commands: Any) -> None:
 
 
 def parse_limit(text: str) -> int | None:
-    """``N`` (an integer >= 1) or ``none``; anything else is a ConfigurationError."""
+    """``N`` (an integer from 1 to 2**31 - 1) or ``none``; anything else is a
+    ConfigurationError."""
     if text.strip().lower() == "none":
         return None
     try:
         value = int(text)
     except ValueError:
         raise ConfigurationError("limit", text, _CLI_LIMIT_RULE) from None
-    if value < 1:
-        raise ConfigurationError("limit", value, _CLI_LIMIT_RULE)
-    return value
+    try:
+        return check_limit(value)
+    except ConfigurationError:
+        raise ConfigurationError("limit", value, _CLI_LIMIT_RULE) from None
 
 
 async def _pause(context: Context) -> int:

@@ -9,6 +9,8 @@ import signal
 from typing import Any
 
 from relayer.cli.common import EXIT_OK, Context, tcp_port
+from relayer.cli.common import EXIT_OK, Context
+from relayer.settings import StoreSettings
 from relayer.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -65,15 +67,33 @@ async def _run(context: Context) -> int:
 
     for signum in signals:
         loop.add_signal_handler(signum, request_stop, signum)
+    warnings = asyncio.create_task(_warn_once_started(worker, stores))
     try:
         await worker.run(stop)
     finally:
         stop.set()
+        warnings.cancel()
         if metrics is not None:
             await metrics
         for signum in signals:
             loop.remove_signal_handler(signum)
     return EXIT_OK
+
+
+async def _warn_once_started(worker: Worker, stores: list[StoreSettings]) -> None:
+    """Settings that start but will park rows, said once the worker runs (an error at
+    start-up stays the only line)."""
+    await worker.started.wait()
+    for store in stores:
+        if store.default_transport is None:
+            logger.warning(
+                "store %s has no default_transport: rows that name no transport will be parked "
+                "until it is set; set stores.%s.default_transport, or pass transport=... to "
+                "every write",
+                store.name,
+                store.name,
+                extra={"action": "no_default_transport", "store": store.name},
+            )
 
 
 async def _serve_metrics(

@@ -1,4 +1,4 @@
-"""``relayer schema print|apply|check STORE``."""
+"""``relayer schema print|apply|check STORE`` and ``relayer schema grants STORE``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from relayer import schema
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
 from relayer.connection import connect
+from relayer.grants import KINDS, render
 
 
 def register(commands: Any) -> None:
@@ -23,10 +24,30 @@ def register(commands: Any) -> None:
         action = actions.add_parser(name, help=text)
         action.add_argument("store", help="the store's name in the configuration")
         action.set_defaults(handler=handler)
+    grants = actions.add_parser(
+        "grants", help="print the GRANT statements a writer, worker or operator role needs"
+    )
+    grants.add_argument("store", help="the store's name in the configuration")
+    grants.add_argument("--role", required=True, help="the database role to grant to")
+    grants.add_argument(
+        "--for",
+        dest="kind",
+        required=True,
+        choices=KINDS,
+        help="what the role does: write rows (the application), run workers, or operate "
+        "(status, parked, queue)",
+    )
+    grants.set_defaults(handler=_grants)
 
 
 async def _print(context: Context) -> int:
     print(schema.render(context.store(context.arguments.store)), end="")
+    return EXIT_OK
+
+
+async def _grants(context: Context) -> int:
+    store = context.store(context.arguments.store)
+    print(render(store, context.arguments.kind, context.arguments.role), end="")
     return EXIT_OK
 
 

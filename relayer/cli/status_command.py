@@ -43,7 +43,9 @@ def render(status: StoreStatus) -> str:
     if not status.members:
         lines.append("  none live")
     unowned = status.lanes - len(status.owners)
-    lines.append(f"lanes leased: {len(status.owners)}, not leased: {unowned}")
+    lines.append(
+        f"lanes owned: {len(status.owners)} ({len(status.leased)} leased now), not owned: {unowned}"
+    )
     lines.append(
         f"pending: {status.total_pending:,} rows, oldest {status.oldest_age_seconds:,.1f} s"
     )

@@ -24,12 +24,16 @@ from relayer.dispatch.policies import ALL_QUEUES, InvalidDispatchError, check_qu
 from relayer.errors import ConfigurationError, SchemaNotAppliedError
 from relayer.identifiers import StoreNames
 from relayer.lanes import fnv1a_32
-from relayer.schema import read_meta
+from relayer.schema import read_meta, verify_meta
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 
 DISPATCH_SCHEMA_VERSION = 2  # the migration that created the queue tables (0002_dispatch)
-LIMIT_RULE = "must be an integer >= 1, or None ('none' on the command line) to remove the limit"
+MAX_LIMIT = 2**31 - 1  # the queue table's integer column
+LIMIT_RULE = (
+    f"must be an integer from 1 to {MAX_LIMIT:,}, or None ('none' on the command line) to "
+    "remove the limit"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +83,10 @@ def queue_lock_key(names: StoreNames, queue: str) -> int:
 async def require_dispatch_schema(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> None:
     """Refuse a store whose schema predates the queue tables (or was never applied)."""
     meta = await read_meta(conn, store.names)
-    where = f"in schema {store.db_schema!r} with prefix {store.table_prefix!r}"
     if meta is None:
-        raise SchemaNotAppliedError(
-            f"store {store.name!r}: no relayer tables {where}; run "
-            f"`relayer schema apply {store.name}` first"
-        )
+        verify_meta(store, meta)  # raises SchemaNotAppliedError, saying what to run
+        return
+    where = f"in schema {store.db_schema!r} with prefix {store.table_prefix!r}"
     if meta.schema_version < DISPATCH_SCHEMA_VERSION:
         raise SchemaNotAppliedError(
             f"store {store.name!r}: schema version {meta.schema_version} {where}; the queue "
@@ -94,10 +96,11 @@ async def require_dispatch_schema(conn: psycopg.AsyncConnection[Any], store: Sto
 
 
 def check_limit(limit: object) -> int | None:
-    """A concurrency limit: an integer >= 1, or None for none. Anything else is rejected."""
+    """A concurrency limit: an integer from 1 to MAX_LIMIT, or None for none. Anything else is
+    rejected (ConfigurationError)."""
     if limit is None:
         return None
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ConfigurationError("limit", limit, LIMIT_RULE)
     return limit
 

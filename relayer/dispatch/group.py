@@ -71,7 +71,9 @@ class WorkerGroup(Generic[KeyT]):
         self._handler = handler
         self._cluster = cluster_state
         self._clock: Clock = clock or MonotonicClock()
-        self._planner = Planner(policy)
+        # Built by validate(): a policy that is not valid yet (Weighted([("a", "3")])) must
+        # fail there with InvalidDispatchError, not here with whatever the planner trips on.
+        self._planner: Planner | None = None
         self._sources: tuple[JobSource[KeyT], ...] = ()
         self._queues: tuple[str, ...] = ()
         self._served: list[int] = []
@@ -115,6 +117,8 @@ class WorkerGroup(Generic[KeyT]):
             )
         self._queues = queues
         self._sources = tuple(by_name[queue] for queue in queues)
+        if self._planner is None:
+            self._planner = Planner(self.policy)
         if len(self._served) != len(queues):
             self._served = [0] * len(queues)
             self._running = [0] * len(queues)
@@ -195,12 +199,14 @@ class WorkerGroup(Generic[KeyT]):
         free = self.free
         claimed = [0] * len(self._sources)
         gates: list[GateState | None] = [None] * len(self._sources)
+        planner = self._planner
+        assert planner is not None  # run() validated the group
         if free > 0:
             now = self._clock.now()
-            cap = None if self._planner.exact_counts else free
+            cap = None if planner.exact_counts else free
             due = [source.due_count(now, cap) for source in self._sources]
             if any(due):
-                plan = self._planner.plan(free, due, overflow=self._cluster is not None)
+                plan = planner.plan(free, due, overflow=self._cluster is not None)
                 result = await self._ask_gate(ClaimRequest(self._queues, plan.order, free))
                 claimed = self._start(result, [min(count, free) for count in due])
                 gates = [gate.state for gate in result.gates]
@@ -253,6 +259,7 @@ class WorkerGroup(Generic[KeyT]):
                 demand[index] = 0
             elif gate.state is GateState.FULL:
                 demand[index] = claimed[index]
+        assert self._planner is not None  # run() validated the group
         self._planner.charge(issued, demand)
         return claimed
 

@@ -30,9 +30,12 @@ CREATE OR REPLACE FUNCTION pg_temp.relayer_claim_slots(
     queue_limit integer
 )
 LANGUAGE plpgsql VOLATILE
+-- Name lookups in the body ignore the caller's search_path, so no function or operator of a
+-- schema placed ahead of pg_catalog can stand in for a built-in one.
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    queue_count integer := coalesce(array_length(lock_keys, 1), 0);
+    queue_count integer := coalesce(pg_catalog.array_length(lock_keys, 1), 0);
     next_slot integer[];
     refused boolean[];
     remaining integer := budget;
@@ -41,8 +44,8 @@ DECLARE
     found_slot boolean;
 BEGIN
     -- Finished jobs first: their slots may be granted again in this same call.
-    FOR i IN 1 .. coalesce(array_length(release_keys, 1), 0) LOOP
-        PERFORM pg_advisory_unlock(release_keys[i], release_slots[i]);
+    FOR i IN 1 .. coalesce(pg_catalog.array_length(release_keys, 1), 0) LOOP
+        PERFORM pg_catalog.pg_advisory_unlock(release_keys[i], release_slots[i]);
     END LOOP;
     FOR i IN 1 .. queue_count LOOP
         is_paused[i] := all_paused OR is_paused[i];
@@ -51,7 +54,7 @@ BEGIN
     END LOOP;
     -- Walk the planner's order. Every lock taken here is returned as a row (RETURN NEXT), so
     -- nothing is acquired and then dropped on the floor.
-    FOR j IN 1 .. coalesce(array_length(wanted, 1), 0) LOOP
+    FOR j IN 1 .. coalesce(pg_catalog.array_length(wanted, 1), 0) LOOP
         EXIT WHEN remaining <= 0;
         candidate := wanted[j];
         CONTINUE WHEN refused[candidate];
@@ -66,10 +69,11 @@ BEGIN
                 -- Nested IFs, not AND: SQL does not promise the order of AND, and a session
                 -- that locks a slot it already holds would count it twice.
                 IF NOT EXISTS (
-                    SELECT 1 FROM unnest(held_keys, held_slots) AS h(lock_key, slot)
+                    SELECT 1 FROM ROWS FROM (pg_catalog.unnest(held_keys),
+                        pg_catalog.unnest(held_slots)) AS h(lock_key, slot)
                     WHERE h.lock_key = lock_keys[candidate] AND h.slot = slot_number
                 ) THEN
-                    IF pg_try_advisory_lock(lock_keys[candidate], slot_number) THEN
+                    IF pg_catalog.pg_try_advisory_lock(lock_keys[candidate], slot_number) THEN
                         found_slot := true;
                         EXIT;
                     END IF;
@@ -106,12 +110,12 @@ $$
 -- name: queue_claim
 WITH requested AS (
     SELECT u.ordinal, coalesce(q.paused, false) AS paused, q.concurrency_limit
-    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS u(queue, ordinal)
+    FROM pg_catalog.unnest(%(queues)s::text[]) WITH ORDINALITY AS u(queue, ordinal)
     LEFT JOIN {queues} q ON q.queue = u.queue
 )
 SELECT c.wanted_position, c.queue_position, c.granted_slot, c.queue_state, c.queue_limit
 FROM pg_temp.relayer_claim_slots(
-    (SELECT coalesce(bool_or(a.paused), false) FROM {queues} a WHERE a.queue = '*'),
+    (SELECT coalesce(pg_catalog.bool_or(a.paused), false) FROM {queues} a WHERE a.queue = '*'),
     ARRAY(SELECT r.paused FROM requested r ORDER BY r.ordinal),
     ARRAY(SELECT r.concurrency_limit FROM requested r ORDER BY r.ordinal),
     %(keys)s::integer[],
@@ -124,30 +128,31 @@ FROM pg_temp.relayer_claim_slots(
 ) AS c
 
 -- name: queue_unlock_slots
-SELECT count(*) FILTER (WHERE pg_advisory_unlock(lock_key, slot))
-FROM unnest(%s::integer[], %s::integer[]) AS u(lock_key, slot)
+SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_advisory_unlock(lock_key, slot))
+FROM ROWS FROM (pg_catalog.unnest(%s::integer[]),
+    pg_catalog.unnest(%s::integer[])) AS u(lock_key, slot)
 
 -- name: queue_own_slot_locks
 SELECT classid::bigint, objid::bigint
-FROM pg_locks
-WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND pid = pg_backend_pid()
+FROM pg_catalog.pg_locks
+WHERE locktype = 'advisory' AND objsubid = 2 AND granted AND pid = pg_catalog.pg_backend_pid()
   AND classid::bigint = ANY(%s::bigint[])
 
 -- name: queue_slots_in_use
-SELECT classid::bigint, count(*)
-FROM pg_locks
+SELECT classid::bigint, pg_catalog.count(*)
+FROM pg_catalog.pg_locks
 WHERE locktype = 'advisory' AND objsubid = 2 AND granted
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
   AND classid::bigint = ANY(%s::bigint[])
 GROUP BY classid
 
 -- name: queue_set_pause
 WITH changed AS (
     INSERT INTO {queues} AS q (queue, paused, changed_by, changed_at, reason)
-    VALUES (%(queue)s, %(paused)s, %(actor)s, now(), %(reason)s)
+    VALUES (%(queue)s, %(paused)s, %(actor)s, pg_catalog.now(), %(reason)s)
     ON CONFLICT (queue) DO UPDATE
     SET paused = excluded.paused, changed_by = excluded.changed_by,
-        changed_at = excluded.changed_at, reason = excluded.reason, updated_at = now()
+        changed_at = excluded.changed_at, reason = excluded.reason, updated_at = pg_catalog.now()
     RETURNING q.queue
 )
 INSERT INTO {queue_events} (queue, action, actor, reason)
@@ -159,7 +164,7 @@ WITH changed AS (
     INSERT INTO {queues} AS q (queue, concurrency_limit)
     VALUES (%(queue)s, %(limit)s)
     ON CONFLICT (queue) DO UPDATE
-    SET concurrency_limit = excluded.concurrency_limit, updated_at = now()
+    SET concurrency_limit = excluded.concurrency_limit, updated_at = pg_catalog.now()
     RETURNING q.queue
 )
 INSERT INTO {queue_events} (queue, action, actor, reason, concurrency_limit)
@@ -178,4 +183,4 @@ ORDER BY id DESC
 LIMIT %(limit)s
 
 -- name: queue_unlock_all
-SELECT pg_advisory_unlock_all()
+SELECT pg_catalog.pg_advisory_unlock_all()

@@ -4,12 +4,15 @@
 -- Writer, in the caller's transaction: reserve `count` numbers per key. The upsert locks each
 -- key's counter row until that transaction ends, so numbers are gapless and follow commit order
 -- per key; keys are locked in sorted order, so two batches never deadlock on each other.
+-- It runs under the application's search_path, so its types and operator are qualified too.
 INSERT INTO {sequences} AS s (ordering_key, last_sequence)
 SELECT r.key, r.count
-FROM unnest(%(keys)s::text[], %(counts)s::int8[]) AS r(key, count)
+FROM ROWS FROM (pg_catalog.unnest(%(keys)s::pg_catalog.text[]),
+    pg_catalog.unnest(%(counts)s::pg_catalog.int8[])) AS r(key, count)
 ORDER BY r.key
 ON CONFLICT (ordering_key) DO UPDATE
-    SET last_sequence = s.last_sequence + excluded.last_sequence, updated_at = now()
+    SET last_sequence = s.last_sequence OPERATOR(pg_catalog.+) excluded.last_sequence,
+        updated_at = pg_catalog.now()
 RETURNING ordering_key, last_sequence
 
 -- name: inbox_claim
@@ -33,7 +36,7 @@ WITH claimed AS (
     INSERT INTO {inbox_keys} AS k (consumer, ordering_key, last_sequence)
     SELECT %(consumer)s, %(key)s, %(sequence)s::int8 FROM previous
     ON CONFLICT (consumer, ordering_key) DO UPDATE
-        SET last_sequence = greatest(k.last_sequence, excluded.last_sequence), updated_at = now()
+        SET last_sequence = greatest(k.last_sequence, excluded.last_sequence), updated_at = pg_catalog.now()
 )
 SELECT EXISTS (SELECT 1 FROM claimed), (SELECT last_sequence FROM previous)
 
@@ -42,7 +45,7 @@ SELECT EXISTS (SELECT 1 FROM claimed), (SELECT last_sequence FROM previous)
 DELETE FROM {inbox}
 WHERE (consumer, message_id) IN (
     SELECT consumer, message_id FROM {inbox}
-    WHERE received_at < now() - %(retention)s
+    WHERE received_at < pg_catalog.now() - %(retention)s
     ORDER BY received_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -52,7 +55,7 @@ WHERE (consumer, message_id) IN (
 DELETE FROM {inbox_keys}
 WHERE (consumer, ordering_key) IN (
     SELECT consumer, ordering_key FROM {inbox_keys}
-    WHERE updated_at < now() - %(retention)s
+    WHERE updated_at < pg_catalog.now() - %(retention)s
     ORDER BY updated_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -64,7 +67,7 @@ WHERE (consumer, ordering_key) IN (
 DELETE FROM {sequences}
 WHERE ordering_key IN (
     SELECT s.ordering_key FROM {sequences} AS s
-    WHERE s.updated_at < now() - %(retention)s
+    WHERE s.updated_at < pg_catalog.now() - %(retention)s
       AND NOT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.ordering_key = s.ordering_key)
     ORDER BY s.updated_at
     LIMIT %(limit)s

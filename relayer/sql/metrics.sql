@@ -7,16 +7,16 @@
 -- Per lane: pending rows, age of the head row (the lane's oldest by id), parked keys, and parked
 -- keys that wait for an operator (max_attempts reached or a permanent error).
 SELECT l.lane,
-       (SELECT count(*) FROM {outbox} o WHERE o.lane = l.lane),
-       coalesce((SELECT greatest(extract(epoch FROM now() - o.created_at), 0)::float8
+       (SELECT pg_catalog.count(*) FROM {outbox} o WHERE o.lane = l.lane),
+       coalesce((SELECT greatest(extract(epoch FROM pg_catalog.now() - o.created_at), 0)::float8
                  FROM {outbox} o WHERE o.lane = l.lane ORDER BY o.id LIMIT 1), 0),
-       (SELECT count(*) FROM {parked} p WHERE p.lane = l.lane),
-       (SELECT count(*) FROM {parked} p WHERE p.lane = l.lane AND p.retry_at IS NULL)
-FROM unnest(%(lanes)s::integer[]) AS l(lane)
+       (SELECT pg_catalog.count(*) FROM {parked} p WHERE p.lane = l.lane),
+       (SELECT pg_catalog.count(*) FROM {parked} p WHERE p.lane = l.lane AND p.retry_at IS NULL)
+FROM pg_catalog.unnest(%(lanes)s::integer[]) AS l(lane)
 ORDER BY l.lane
 
 -- name: metrics_unordered_backlog
 -- Rows without an ordering key (lane -1), through the primary key (lane, id).
-SELECT (SELECT count(*) FROM {outbox} WHERE lane = -1),
-       coalesce((SELECT greatest(extract(epoch FROM now() - o.created_at), 0)::float8
+SELECT (SELECT pg_catalog.count(*) FROM {outbox} WHERE lane = -1),
+       coalesce((SELECT greatest(extract(epoch FROM pg_catalog.now() - o.created_at), 0)::float8
                  FROM {outbox} o WHERE o.lane = -1 ORDER BY o.id LIMIT 1), 0)

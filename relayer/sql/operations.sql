@@ -2,26 +2,26 @@
 -- row first, so they wait for a batch in flight on that lane instead of racing it.
 
 -- name: status_members
-SELECT owner, expires_at, greatest(extract(epoch FROM now() - acquired_at), 0)::float8
+SELECT owner, expires_at, greatest(extract(epoch FROM pg_catalog.now() - acquired_at), 0)::float8
 FROM {leases}
-WHERE lane IS NULL AND expires_at >= now()
+WHERE lane IS NULL AND expires_at >= pg_catalog.now()
 ORDER BY owner
 
 -- name: status_lane_owners
 SELECT lane, owner, expires_at
 FROM {leases}
-WHERE lane IS NOT NULL AND owner <> '' AND expires_at > now()
+WHERE lane IS NOT NULL AND owner <> '' AND expires_at > pg_catalog.now()
 ORDER BY lane
 
 -- name: status_pending
-SELECT lane, count(*), greatest(extract(epoch FROM now() - min(created_at)), 0)::float8
+SELECT lane, pg_catalog.count(*), greatest(extract(epoch FROM pg_catalog.now() - pg_catalog.min(created_at)), 0)::float8
 FROM {outbox}
 GROUP BY lane
 ORDER BY lane NULLS LAST
 
 -- name: parked_list
 SELECT p.ordering_key, p.lane, p.attempts, p.last_error, p.retry_at, p.parked_at, p.head_id,
-       (SELECT count(*) FROM {outbox} o WHERE o.lane = p.lane AND o.ordering_key = p.ordering_key)
+       (SELECT pg_catalog.count(*) FROM {outbox} o WHERE o.lane = p.lane AND o.ordering_key = p.ordering_key)
 FROM {parked} AS p
 WHERE %(key)s::text IS NULL OR p.ordering_key = %(key)s
 ORDER BY p.parked_at, p.ordering_key

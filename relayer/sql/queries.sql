@@ -10,11 +10,11 @@ CREATE TABLE IF NOT EXISTS {migrations} (
     version integer PRIMARY KEY,
     name text NOT NULL,
     checksum text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 )
 
 -- name: lock_schema_changes
-SELECT pg_advisory_xact_lock(%s)
+SELECT pg_catalog.pg_advisory_xact_lock(%s)
 
 -- name: applied_migrations
 SELECT version, name, checksum FROM {migrations} ORDER BY version
@@ -29,16 +29,16 @@ SELECT lanes, schema_version FROM {meta} WHERE singleton
 INSERT INTO {meta} (lanes, schema_version) VALUES (%s, %s)
 
 -- name: update_meta_version
-UPDATE {meta} SET schema_version = %s, updated_at = now() WHERE singleton
+UPDATE {meta} SET schema_version = %s, updated_at = pg_catalog.now() WHERE singleton
 
 -- name: update_meta_lanes
-UPDATE {meta} SET lanes = %s, updated_at = now() WHERE singleton
+UPDATE {meta} SET lanes = %s, updated_at = pg_catalog.now() WHERE singleton
 
 -- name: any_pending_row
 SELECT EXISTS (SELECT 1 FROM {outbox})
 
 -- name: table_exists
-SELECT to_regclass(%s) IS NOT NULL
+SELECT pg_catalog.to_regclass(%s) IS NOT NULL
 
 -- name: insert_message
 INSERT INTO {outbox} (id, lane, ordering_key, transport, destination, body, headers, deliver_at)
@@ -51,7 +51,7 @@ WITH inserted AS (
     INSERT INTO {outbox} (id, lane, ordering_key, transport, destination, body, headers, deliver_at)
     VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 )
-SELECT pg_notify(%s, %s)
+SELECT pg_catalog.pg_notify(%s, %s)
 
 -- name: copy_messages
 COPY {outbox} (id, lane, ordering_key, transport, destination, body, headers, deliver_at)
@@ -59,7 +59,8 @@ FROM STDIN (FORMAT BINARY)
 
 -- name: notify
 -- An empty payload wakes every lane (the workers probe them all in one query).
-SELECT pg_notify(%s, '')
+SELECT pg_catalog.pg_notify(%s, '')
 
 -- name: notify_lanes
-SELECT pg_notify(%s, lane::text) FROM unnest(%s::int4[]) AS lane
+SELECT pg_catalog.pg_notify(%s, lane::pg_catalog.text)
+FROM pg_catalog.unnest(%s::pg_catalog.int4[]) AS lane

@@ -6,7 +6,7 @@
 -- One lease row per lane, so a batch can lock its lane with SKIP LOCKED. Idempotent.
 INSERT INTO {leases} (name, lane, owner, token, expires_at)
 SELECT 'lane:' || lane, lane, '', '00000000-0000-0000-0000-000000000000', '-infinity'
-FROM generate_series(0, %(lanes)s - 1) AS lane
+FROM pg_catalog.generate_series(0, %(lanes)s - 1) AS lane
 ON CONFLICT (name) DO NOTHING
 
 -- name: trim_lane_rows
@@ -16,16 +16,16 @@ DELETE FROM {leases} WHERE lane >= %(lanes)s
 -- Renew this member, drop expired members, and return the live members in rank order.
 WITH beat AS (
     INSERT INTO {leases} (name, owner, token, expires_at)
-    VALUES ('member:' || %(member)s, %(member)s, %(token)s, now() + %(lease)s)
+    VALUES ('member:' || %(member)s, %(member)s, %(token)s, pg_catalog.now() + %(lease)s)
     ON CONFLICT (name) DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = now()
+        SET expires_at = EXCLUDED.expires_at, renewed_at = pg_catalog.now()
     RETURNING owner
 ), expired AS (
     DELETE FROM {leases}
-    WHERE lane IS NULL AND expires_at < now() AND name <> 'member:' || %(member)s
+    WHERE lane IS NULL AND expires_at < pg_catalog.now() AND name <> 'member:' || %(member)s
 )
 SELECT owner FROM {leases}
-WHERE lane IS NULL AND expires_at >= now() AND name <> 'member:' || %(member)s
+WHERE lane IS NULL AND expires_at >= pg_catalog.now() AND name <> 'member:' || %(member)s
 UNION
 SELECT owner FROM beat
 ORDER BY 1
@@ -33,7 +33,7 @@ ORDER BY 1
 -- name: leave
 -- Graceful shutdown: release every lane this member holds and its membership.
 WITH lanes AS (
-    UPDATE {leases} SET expires_at = '-infinity', renewed_at = now()
+    UPDATE {leases} SET expires_at = '-infinity', renewed_at = pg_catalog.now()
     WHERE lane IS NOT NULL AND owner = %(member)s
 )
 DELETE FROM {leases} WHERE name = 'member:' || %(member)s
@@ -43,10 +43,10 @@ DELETE FROM {leases} WHERE name = 'member:' || %(member)s
 -- that batch finishes first and the lane is released on the next heartbeat).
 -- The share is given as (rank, members): lane %% members = rank (no array of up to 65,536
 -- lanes to bind and search); a rank below 0 keeps nothing.
-UPDATE {leases} SET expires_at = '-infinity', renewed_at = now()
+UPDATE {leases} SET expires_at = '-infinity', renewed_at = pg_catalog.now()
 WHERE name IN (
     SELECT name FROM {leases}
-    WHERE lane IS NOT NULL AND owner = %(member)s AND expires_at > now()
+    WHERE lane IS NOT NULL AND owner = %(member)s AND expires_at > pg_catalog.now()
       AND (%(rank)s < 0 OR lane %% %(members)s <> %(rank)s)
     FOR UPDATE SKIP LOCKED
 )
@@ -60,7 +60,7 @@ FROM {outbox} AS o
     WHERE o.lane = l.lane
       AND o.ordering_key NOT IN (
           SELECT p.ordering_key FROM {parked} AS p
-          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > now())
+          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now())
       )
     ORDER BY o.id
 
@@ -69,18 +69,18 @@ FROM {outbox} AS o
 SELECT l.lane,
        h.id,
        h.deliver_at,
-       coalesce(h.deliver_at > now(), false) AS future,
-       CASE WHEN h.deliver_at > now() AND isfinite(h.deliver_at)
-            THEN extract(epoch FROM h.deliver_at - now())::float8 ELSE 0 END AS due_in,
+       coalesce(h.deliver_at > pg_catalog.now(), false) AS future,
+       CASE WHEN h.deliver_at > pg_catalog.now() AND pg_catalog.isfinite(h.deliver_at)
+            THEN extract(epoch FROM h.deliver_at - pg_catalog.now())::float8 ELSE 0 END AS due_in,
        s.owner,
-       coalesce(s.expires_at > now(), false) AS lease_live,
-       CASE WHEN s.expires_at > now() AND isfinite(s.expires_at)
-            THEN extract(epoch FROM s.expires_at - now())::float8 ELSE 0 END AS lease_left
+       coalesce(s.expires_at > pg_catalog.now(), false) AS lease_live,
+       CASE WHEN s.expires_at > pg_catalog.now() AND pg_catalog.isfinite(s.expires_at)
+            THEN extract(epoch FROM s.expires_at - pg_catalog.now())::float8 ELSE 0 END AS lease_left
 
 -- name: probe
 -- Read-only: for each lane, its first non-parked head and the lane lease's holder.
 {_head_columns}
-FROM unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]) AS l(lane)
+FROM pg_catalog.unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]) AS l(lane)
 LEFT JOIN LATERAL (
     SELECT o.id, o.deliver_at
     {_sendable_rows}
@@ -127,21 +127,21 @@ SET LOCAL enable_bitmapscan = off
 -- lease); any other is taken or renewed for a whole lease, keeping its token while it is this
 -- member's and live. Returns the lanes locked, each with its token.
 WITH candidates AS (
-    SELECT name, lane, token, owner = %(member)s AND expires_at > now() + %(lease)s / 2 AS fresh
+    SELECT name, lane, token, owner = %(member)s AND expires_at > pg_catalog.now() + %(lease)s / 2 AS fresh
     FROM {leases}
     WHERE lane = ANY(pg_catalog.string_to_array(%(lanes)s, ',')::int4[])
-      AND (owner = %(member)s OR expires_at < now())
+      AND (owner = %(member)s OR expires_at < pg_catalog.now())
     ORDER BY lane
     FOR UPDATE SKIP LOCKED
 ), renewed AS (
     UPDATE {leases} AS s
     SET owner = %(member)s,
-        token = CASE WHEN s.owner = %(member)s AND s.expires_at > now() THEN s.token
+        token = CASE WHEN s.owner = %(member)s AND s.expires_at > pg_catalog.now() THEN s.token
                      ELSE %(token)s END,
-        acquired_at = CASE WHEN s.owner = %(member)s AND s.expires_at > now()
-                           THEN s.acquired_at ELSE now() END,
-        expires_at = now() + %(lease)s,
-        renewed_at = now()
+        acquired_at = CASE WHEN s.owner = %(member)s AND s.expires_at > pg_catalog.now()
+                           THEN s.acquired_at ELSE pg_catalog.now() END,
+        expires_at = pg_catalog.now() + %(lease)s,
+        renewed_at = pg_catalog.now()
     FROM candidates AS c
     WHERE s.name = c.name AND NOT c.fresh
     RETURNING s.lane, s.token
@@ -160,9 +160,9 @@ SELECT lane, token FROM candidates WHERE fresh
 -- back), empty headers as NULL: the client then decodes no UUID and no JSON for most rows.
 SELECT l.lane, o.id::text, o.ordering_key, o.transport, o.destination, o.body,
        nullif(o.headers::text, '{{}}'),
-       coalesce(o.deliver_at > now(), false) AS future
-FROM unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]) AS l(lane)
-JOIN {leases} AS s ON s.lane = l.lane AND s.owner = %(member)s AND s.expires_at > now()
+       coalesce(o.deliver_at > pg_catalog.now(), false) AS future
+FROM pg_catalog.unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]) AS l(lane)
+JOIN {leases} AS s ON s.lane = l.lane AND s.owner = %(member)s AND s.expires_at > pg_catalog.now()
 CROSS JOIN LATERAL (
     SELECT o.*
     {_sendable_rows}
@@ -178,15 +178,18 @@ ORDER BY l.lane, o.id
 -- key that reached max_attempts.
 WITH fence AS (
     SELECT s.lane FROM {leases} AS s
-    JOIN unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[],
-                pg_catalog.string_to_array(%(tokens)s, ',')::uuid[]) AS t(lane, token)
+    JOIN ROWS FROM (pg_catalog.unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]),
+                    pg_catalog.unnest(pg_catalog.string_to_array(%(tokens)s, ',')::uuid[]))
+        AS t(lane, token)
         ON s.lane = t.lane AND s.token = t.token
     WHERE s.owner = %(member)s
 ), acked AS (
     -- Lanes and ids come as comma-separated text: one string each is far cheaper to bind
     -- than an array parameter of thousands of elements.
-    SELECT * FROM unnest(pg_catalog.string_to_array(%(acked_lanes)s, ',')::int4[],
-                         pg_catalog.string_to_array(%(acked)s, ',')::uuid[]) AS a(lane, id)
+    SELECT * FROM ROWS FROM (
+        pg_catalog.unnest(pg_catalog.string_to_array(%(acked_lanes)s, ',')::int4[]),
+        pg_catalog.unnest(pg_catalog.string_to_array(%(acked)s, ',')::uuid[])
+    ) AS a(lane, id)
     WHERE a.lane IN (SELECT lane FROM fence)
 ), deleted AS (
     DELETE FROM {outbox} AS o
@@ -210,12 +213,12 @@ WITH fence AS (
            CASE WHEN permanent OR attempts >= %(max_attempts)s THEN NULL
                 -- The exponent is capped: 2^20 backoffs exceed any backoff_max (at most 7 days),
                 -- and an unbounded power would overflow the interval after a few dozen attempts.
-                ELSE now() + least(%(backoff)s * power(2, least(attempts - 1, 20)), %(backoff_max)s)
+                ELSE pg_catalog.now() + least(%(backoff)s * pg_catalog.power(2, least(attempts - 1, 20)), %(backoff_max)s)
            END
     FROM counted
     ON CONFLICT (ordering_key) DO UPDATE
         SET head_id = EXCLUDED.head_id, attempts = EXCLUDED.attempts,
-            last_error = EXCLUDED.last_error, retry_at = EXCLUDED.retry_at, updated_at = now()
+            last_error = EXCLUDED.last_error, retry_at = EXCLUDED.retry_at, updated_at = pg_catalog.now()
     RETURNING lane, retry_at IS NULL AS gave_up
 ), unparked AS (
     -- A key whose retried head went through is free again, unless a later row of it failed
@@ -225,20 +228,20 @@ WITH fence AS (
       AND ordering_key NOT IN (SELECT ordering_key FROM counted)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM deleted),
-       (SELECT count(*) FROM counted),
-       (SELECT coalesce(array_agg(lane), ARRAY[]::int4[]) FROM parked WHERE gave_up),
-       (SELECT count(*) FROM unparked),
+SELECT (SELECT pg_catalog.count(*) FROM deleted),
+       (SELECT pg_catalog.count(*) FROM counted),
+       (SELECT coalesce(pg_catalog.array_agg(lane), ARRAY[]::int4[]) FROM parked WHERE gave_up),
+       (SELECT pg_catalog.count(*) FROM unparked),
        -- Fails (and so aborts the transaction, whose COMMIT was sent with this statement)
        -- unless every lane's lease still held and every acknowledged row was deleted: the text
        -- cast to an integer is the error's message (relayer.store.FENCE_MARK).
-       CASE WHEN (SELECT count(*) FROM fence) = %(lane_count)s
-                 AND (SELECT count(*) FROM deleted) = %(expected)s
+       CASE WHEN (SELECT pg_catalog.count(*) FROM fence) = %(lane_count)s
+                 AND (SELECT pg_catalog.count(*) FROM deleted) = %(expected)s
             THEN 0
             ELSE ('relayer-fence: lane ' || pg_catalog.replace(%(lanes)s, ',', ', ')
-                  || ': the fenced delete matched ' || (SELECT count(*) FROM deleted)
+                  || ': the fenced delete matched ' || (SELECT pg_catalog.count(*) FROM deleted)
                   || ' of ' || %(expected)s || ' rows (lease held: '
-                  || CASE WHEN (SELECT count(*) FROM fence) = %(lane_count)s
+                  || CASE WHEN (SELECT pg_catalog.count(*) FROM fence) = %(lane_count)s
                           THEN 'yes' ELSE 'no' END
                   || '); rolled back, the rows will be sent again')::int4
        END

@@ -45,9 +45,10 @@ from relayer.transports.kafka_rules import (
     check_config,
     delivery_error,
     produce_error,
+    refused_settings,
     topic_error,
 )
-from relayer.transports.options import Options, TransportOptionError
+from relayer.transports.options import Options
 
 logger = logging.getLogger(__name__)
 
@@ -486,11 +487,7 @@ class KafkaTransport:
         try:
             return self._new_producer(config)
         except KafkaException as exc:
-            raise TransportOptionError(
-                f"transports.{self._name}",
-                self._shown,
-                f"librdkafka refused the settings: {_text(exc)}",
-            ) from exc
+            raise refused_settings(self._name, self._config, _text(exc)) from exc
 
     # -- poll thread -----------------------------------------------------------------
 

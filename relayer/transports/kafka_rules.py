@@ -7,11 +7,13 @@ This module does not import confluent_kafka: librdkafka errors are matched by na
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from relayer.redact import redact
+from relayer.errors import Shown
+from relayer.redact import MASK, is_secret_name, redact
 from relayer.transports.base import OutgoingMessage, SendError
 from relayer.transports.options import TransportOptionError
 
@@ -69,6 +71,33 @@ def check_config(config: Mapping[str, Any], batch_deadline: timedelta | None) ->
     if not any(name in settings for name in _LINGER_NAMES):
         settings["linger.ms"] = DEFAULT_LINGER_MS
     return settings
+
+
+_PROPERTY = re.compile(r'property:? "(?P<name>[^"]+)"')
+_QUOTED_VALUE = re.compile(r'value "[^"]*"')
+
+
+def refused_settings(
+    transport: str, config: Mapping[str, Any], reason: str
+) -> TransportOptionError:
+    """librdkafka's refusal of the producer settings, naming the one setting it quotes (such as
+    a misspelled ``linger.mss``) rather than showing them all."""
+    match = _PROPERTY.search(reason)
+    if match is None or match["name"] not in config:
+        return TransportOptionError(
+            f"transports.{transport}",
+            Shown.names_of(config),
+            f"librdkafka refused the settings: {reason}",
+        )
+    name = match["name"]
+    if is_secret_name(name):
+        reason = _QUOTED_VALUE.sub(f'value "{MASK}"', reason)
+    rule = (
+        "is not a librdkafka setting; fix its name (see librdkafka's CONFIGURATION.md) or remove it"
+        if "No such configuration property" in reason
+        else f"librdkafka refused it: {reason}"
+    )
+    return TransportOptionError(f"transports.{transport}.{name}", config[name], rule)
 
 
 def _require(settings: dict[str, Any], name: str, allowed: tuple[Any, ...], value: Any) -> None:

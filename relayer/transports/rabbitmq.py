@@ -132,6 +132,8 @@ class RabbitMQTransport:
             raise TransportOptionError(
                 "url", url, "is required: amqp://user:password@host:5672/vhost (or amqps://)"
             )
+        if not url.lower().startswith(("amqp://", "amqps://")):
+            raise TransportOptionError("url", url, "must start with amqp:// or amqps://")
         transport = cls(
             name,
             url,

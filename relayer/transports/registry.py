@@ -62,7 +62,7 @@ def create_transport(
     factory = _factory(field, settings.type, batch_deadline)
     try:
         transport = factory(name, settings.options)
-    except TransportOptionError as exc:
+    except ConfigurationError as exc:  # TransportOptionError, or a plug-in's own
         raise TransportOptionError(f"{field}.{exc.field}", exc.value, exc.rule) from exc
     if not isinstance(transport, Transport):
         raise ConfigurationError(

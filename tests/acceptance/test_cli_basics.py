@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -133,3 +134,51 @@ def test_two_processes_apply_at_once(pg_dsn: str) -> None:
     assert [process.returncode for process in processes] == [0, 0, 0], outputs
     assert sum("applied 0001_initial" in out for out, _ in outputs) == 1
     assert relayer("schema", "check", "orders", store=store).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "arguments", [("schema", "print", "orders"), ("status", "orders"), ("parked", "list", "orders")]
+)
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    store: StoreSettings, arguments: tuple[str, ...]
+) -> None:
+    read, write = os.pipe()
+    os.close(read)  # as `| head` does once it has its lines: every write fails with EPIPE
+    try:
+        result = subprocess.run(
+            command(*arguments),
+            env=environment(store),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert result.stderr == ""
+    assert result.returncode == 141
+
+
+def test_without_any_configuration_the_error_says_how_to_give_it() -> None:
+    result = relayer("status", "orders", env=environment())
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "relayer: error: store: 'orders' is invalid: is not configured, and no store is: give a "
+        "TOML file with --config FILE or RELAYER_CONFIG, holding a [stores.orders] section, or "
+        "set RELAYER_STORES__ORDERS__DSN"
+    ]
+
+
+@pytest.mark.parametrize("action", ["redrive", "drop"])
+def test_a_named_key_that_is_not_parked_is_a_failure(store: StoreSettings, action: str) -> None:
+    result = relayer("parked", action, "orders", "--key", "no-such-key", env=environment(store))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"relayer: store 'orders': key 'no-such-key' is not parked, nothing to {action}; "
+        "`relayer parked list orders` shows the parked keys"
+    ]
+    confirmed = ("--yes",) if action == "drop" else ()
+    every = relayer("parked", action, "orders", *confirmed, env=environment(store))
+    assert (every.returncode, every.stdout) == (0, f"store 'orders': no parked key to {action}\n")

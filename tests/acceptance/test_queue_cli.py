@@ -79,14 +79,22 @@ def test_limit_and_status(store: StoreSettings) -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "shown"), [("0", "0"), ("-1", "-1"), ("abc", "'abc'"), ("2.5", "'2.5'")]
+    ("value", "shown"),
+    [
+        ("0", "0"),
+        ("-1", "-1"),
+        ("abc", "'abc'"),
+        ("2.5", "'2.5'"),
+        ("2147483648", "2147483648"),
+        ("99999999999999999999", "99999999999999999999"),
+    ],
 )
 def test_a_bad_limit_exits_2_with_one_line(store: StoreSettings, value: str, shown: str) -> None:
     result = relayer(store, "queue", "limit", "orders", value)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"relayer: error: limit: {shown} is invalid: must be an integer >= 1, or 'none' to "
-        "remove the limit"
+        f"relayer: error: limit: {shown} is invalid: must be an integer from 1 to "
+        "2,147,483,647, or 'none' to remove the limit"
     ]
     assert events(store) == []
 
@@ -95,5 +103,5 @@ def test_a_store_without_the_queue_tables_is_refused(pg_dsn: str) -> None:
     from tests.conftest import make_store
 
     result = relayer(make_store(pg_dsn), "queue", "status", "orders")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "run `relayer schema apply orders`" in result.stderr

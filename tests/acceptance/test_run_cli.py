@@ -78,7 +78,29 @@ def test_run_relays_until_sigterm_then_leaves(memory_store: StoreSettings) -> No
     assert process.returncode == 0, stderr
     status = relayer("status", "orders", env=worker_env(memory_store))
     assert "members (0):" in status.stdout
-    assert "lanes leased: 0" in status.stdout
+    assert "lanes owned: 0 (0 leased now), not owned: 8" in status.stdout
+
+
+def test_a_store_without_default_transport_is_warned_about_once_started(
+    memory_store: StoreSettings,
+) -> None:
+    env = worker_env(memory_store)
+    del env["RELAYER_STORES__ORDERS__DEFAULT_TRANSPORT"]
+    write(memory_store, ["key-1"], transport="memory")
+    process = subprocess.Popen(command("run", "orders"), env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: pending(memory_store) == 0, 30)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    warnings = [line for line in stderr.splitlines() if "no_default_transport" in line]
+    assert len(warnings) == 1, stderr
+    assert (
+        "WARNING relayer.cli.run_command: store orders has no default_transport: rows that name "
+        "no transport will be parked until it is set; set stores.orders.default_transport, or "
+        "pass transport=... to every write [action=no_default_transport store=orders]"
+    ) in warnings[0]
 
 
 def test_duplicate_store_names_are_refused(memory_store: StoreSettings) -> None:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.badinput.support import SASL_SECRET, UNREACHABLE_DSN, CliCase, error_line, run_cases
+from tests.badinput.support import (
+    SASL_SECRET,
+    SECRET,
+    UNREACHABLE_DSN,
+    CliCase,
+    error_line,
+    run_cases,
+)
 
 STORE = "RELAYER_STORES__ORDERS__"
 PRINT = ("schema", "print", "orders")
@@ -89,8 +96,8 @@ CASES: list[tuple[CliCase, str]] = [
     ),
     (
         CliCase("misspelt-setting", PRINT, {STORE + "LANEZ": "3"}),
-        "stores.orders.lanez: 3 is invalid: is not a setting relayer knows; fix its name or "
-        "remove it",
+        "stores.orders.lanez: 3 is invalid: is not a setting relayer knows (did you mean "
+        "'lanes'?); fix its name or remove it",
     ),
     (
         CliCase("pool-size-zero", PRINT, {"RELAYER_WORKER__POOL_SIZE": "0"}),
@@ -103,6 +110,125 @@ CASES: list[tuple[CliCase, str]] = [
     (
         CliCase("unknown-log-level", PRINT, {"RELAYER_LOG_LEVEL": "LOUD"}),
         "log_level: 'LOUD' is invalid: Input should be 'DEBUG', 'INFO', 'WARNING' or 'ERROR'",
+    ),
+    (
+        CliCase("worker-section-as-text", PRINT, {"RELAYER_WORKER": "abc"}),
+        "RELAYER_WORKER: 'abc' is invalid: sets a whole section, so it must be a JSON object; "
+        "set one value per variable instead, e.g. RELAYER_WORKER__POOL_SIZE=20",
+    ),
+    (
+        CliCase("stores-section-as-text", PRINT, {"RELAYER_STORES": "orders"}),
+        "RELAYER_STORES: '***' is invalid: sets a whole section, so it must be a JSON object; "
+        "set one value per variable instead, e.g. RELAYER_STORES__<STORE>__DSN=...",
+    ),
+    (
+        CliCase("weights-as-pairs", PRINT, {"RELAYER_WORKER__WEIGHTS": "orders=3"}),
+        "RELAYER_WORKER__WEIGHTS: 'orders=3' is invalid: sets a whole section, so it must be a "
+        "JSON object; set one value per variable instead, e.g. RELAYER_WORKER__WEIGHTS__ORDERS=3",
+    ),
+    (
+        CliCase("transports-section-as-text", PRINT, {STORE + "TRANSPORTS": "kafka"}),
+        "RELAYER_STORES__ORDERS__TRANSPORTS: '***' is invalid: sets a whole section, so it must "
+        "be a JSON object; set one value per variable instead, e.g. "
+        "RELAYER_STORES__ORDERS__TRANSPORTS__<TRANSPORT>__TYPE=...",
+    ),
+    (
+        CliCase("value-as-a-section", PRINT, {"RELAYER_LOG_LEVEL__DEBUG": "1"}),
+        "RELAYER_LOG_LEVEL__DEBUG: '1' is invalid: RELAYER_LOG_LEVEL is a single value, not a "
+        "section; set RELAYER_LOG_LEVEL itself",
+    ),
+    (
+        CliCase("misspelt-top-level-lanes", PRINT, {"RELAYER_LANES": "8"}),
+        "RELAYER_LANES: '8' is invalid: is not a setting relayer knows; did you mean "
+        "RELAYER_STORES__<STORE>__LANES (a setting of the [stores] section)?",
+    ),
+    (
+        CliCase("misspelt-dsn", PRINT, {"RELAYER_DNS": UNREACHABLE_DSN}),
+        "RELAYER_DNS: '***' is invalid: is not a setting relayer knows; did you mean RELAYER_DSN?",
+    ),
+    (
+        CliCase("single-underscores", PRINT, {"RELAYER_STORES_ORDERS_LANES": "0"}),
+        "RELAYER_STORES_ORDERS_LANES: '0' is invalid: is not a setting relayer knows; did you "
+        "mean RELAYER_STORES__ORDERS__LANES?",
+    ),
+    (
+        CliCase("misspelt-log-level", PRINT, {"RELAYER_LOG_LEVL": "DEBUG"}),
+        "RELAYER_LOG_LEVL: 'DEBUG' is invalid: is not a setting relayer knows; did you mean "
+        "RELAYER_LOG_LEVEL?",
+    ),
+    (
+        CliCase("misspelt-section", PRINT, {"RELAYER_WORKERS__POOL_SIZE": "0"}),
+        "RELAYER_WORKERS__POOL_SIZE: '0' is invalid: is not a setting relayer knows; did you "
+        "mean RELAYER_WORKER__POOL_SIZE?",
+    ),
+    (
+        CliCase("unknown-variable", PRINT, {"RELAYER_COLOUR": "blue"}),
+        "RELAYER_COLOUR: 'blue' is invalid: is not a setting relayer knows (settings: "
+        "RELAYER_DSN, RELAYER_STORES__..., RELAYER_WORKER__..., RELAYER_LOG_LEVEL, "
+        "RELAYER_LOG_FORMAT, and RELAYER_CONFIG); fix its name or unset it",
+    ),
+    (
+        CliCase("toml-lanes-true", PRINT, toml=TOML_STORE + "lanes = true\n"),
+        "stores.orders.lanes: True is invalid: must be a whole number, not true or false",
+    ),
+    (
+        CliCase(
+            "toml-weight-true", PRINT, toml="[stores.orders]\n[worker.weights]\norders = true\n"
+        ),
+        "worker.weights.orders: True is invalid: must be a whole number, not true or false",
+    ),
+    (
+        CliCase("toml-weight-of-unknown-store", PRINT, toml="[worker.weights]\nordres = 3\n"),
+        "worker.weights.ordres: 3 is invalid: names no configured store (configured stores: "
+        "'orders'); did you mean 'orders'?",
+    ),
+    (
+        CliCase("dsn-does-not-parse", PRINT, {STORE + "DSN": "not a dsn at all ==="}),
+        "stores.orders.dsn: '***' is invalid: is not a PostgreSQL connection string (missing "
+        '"=" after "..." in connection info string); use a postgresql:// URL (percent-encode '
+        "spaces as %20) or key=value pairs, putting a value that contains spaces in single "
+        "quotes",
+    ),
+    (
+        CliCase(
+            "dsn-password-with-a-space", PRINT, {STORE + "DSN": f"password={SECRET} 2{SECRET}"}
+        ),
+        "stores.orders.dsn: '***' is invalid: is not a PostgreSQL connection string (missing "
+        '"=" after "..." in connection info string); use a postgresql:// URL (percent-encode '
+        "spaces as %20) or key=value pairs, putting a value that contains spaces in single "
+        "quotes",
+    ),
+    (
+        CliCase(
+            "top-level-dsn-does-not-parse", PRINT, {"RELAYER_DSN": f"postgresql://u:{SECRET} x@h/d"}
+        ),
+        "dsn: '***' is invalid: is not a PostgreSQL connection string (unexpected spaces found "
+        'in "...", use percent-encoded spaces (%20) instead); use a postgresql:// URL '
+        "(percent-encode spaces as %20) or key=value pairs, putting a value that contains "
+        "spaces in single quotes",
+    ),
+    *(
+        (
+            CliCase(f"system-schema-{schema}", PRINT, {STORE + "SCHEMA": schema}),
+            f"stores.orders.schema: '{schema}' is invalid: is a PostgreSQL system schema (pg_* "
+            "and information_schema are reserved, and pg_dump leaves them out); use a schema of "
+            "your own, such as 'relayer' or 'public'",
+        )
+        for schema in ("information_schema", "pg_catalog", "pg_toast", "pg_relayer")
+    ),
+    (
+        CliCase(
+            "rabbitmq-http-url",
+            RUN,
+            toml=TOML_RABBITMQ + f'url = "http://u:{SASL_SECRET}@127.0.0.1:1/"\n',
+        ),
+        "stores.orders.transports.events.url: 'http://u:***@127.0.0.1:1/' is invalid: must "
+        "start with amqp:// or amqps://",
+    ),
+    (
+        CliCase("toml-misspelt-section", PRINT, toml='[store.orders]\ndsn = "x"\nlanes = 3\n'),
+        "store: {{orders}} is invalid: is not a setting relayer knows (did you mean 'stores'?); "
+        "fix its name or remove it",
     ),
     (
         CliCase("store-not-configured", ("schema", "print", "billing")),
@@ -182,12 +308,13 @@ CASES: list[tuple[CliCase, str]] = [
     ),
     (
         CliCase("queue-limit-zero", ("queue", "limit", "orders", "0")),
-        "limit: 0 is invalid: must be an integer >= 1, or 'none' to remove the limit",
+        "limit: 0 is invalid: must be an integer from 1 to 2,147,483,647, or 'none' to remove "
+        "the limit",
     ),
     (
         CliCase("drop-every-key-unconfirmed", ("parked", "drop", "orders")),
-        "--key: None is invalid: dropping every parked key deletes their rows for good; pass "
-        "--key KEY, or --yes to drop them all",
+        "parked drop orders without --key drops every parked key's rows for good; pass --key "
+        "KEY for one key, or --yes to drop them all",
     ),
 ]
 

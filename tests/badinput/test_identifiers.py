@@ -148,8 +148,11 @@ async def test_hostile_keys_and_queue_names_are_plain_values(store: StoreSetting
     assert len(listed.stdout.splitlines()) == 2  # that key only: one line and its error
 
     missing = relayer("parked", "redrive", "orders", "--key", f"{INJECTION}x", env=env)
-    assert missing.returncode == 0, missing.stderr
-    assert missing.stdout.strip() == f"store 'orders': no parked key {INJECTION + 'x'!r} to redrive"
+    assert missing.returncode == 1, missing.stderr
+    assert missing.stderr.strip() == (
+        f"relayer: store 'orders': key {INJECTION + 'x'!r} is not parked, nothing to redrive; "
+        "`relayer parked list orders` shows the parked keys"
+    )
 
     dropped = relayer("parked", "drop", "orders", "--key", hostile[1], env=env)
     assert dropped.returncode == 0, dropped.stderr

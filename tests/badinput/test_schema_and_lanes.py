@@ -26,6 +26,17 @@ from tests.conftest import apply_schema, make_store
 STORE = "RELAYER_STORES__ORDERS__"
 MEMORY = {STORE + "TRANSPORTS__MEMORY__TYPE": "memory", STORE + "DEFAULT_TRANSPORT": "memory"}
 VERSION = latest_version()
+BARE = {STORE + "TABLE_PREFIX": "bare_"}
+# Every operator command that reads or changes a store's tables (a store never applied).
+OPERATOR_COMMANDS = (
+    ("status",),
+    ("status", "--json"),
+    ("parked", "list"),
+    ("parked", "redrive"),
+    ("parked", "drop", "--yes"),
+    ("queue", "status"),
+    ("queue", "pause"),
+)
 
 
 @pytest.fixture
@@ -91,6 +102,10 @@ async def test_a_schema_never_applied_or_left_behind_is_refused(
             CliCase("old-run", ("run", "orders")),
             CliCase("old-check", ("schema", "check", "orders")),
             CliCase("bare-run", ("run", "orders"), {STORE + "TABLE_PREFIX": "bare_"}),
+            *(
+                CliCase(f"bare-{'-'.join(arguments)}", (*arguments, "orders"), BARE)
+                for arguments in OPERATOR_COMMANDS
+            ),
         ],
         tmp_path,
         environment(store, **MEMORY),
@@ -99,14 +114,18 @@ async def test_a_schema_never_applied_or_left_behind_is_refused(
         f"store 'orders': schema version {VERSION - 1} is older than this relayer's {VERSION}; "
         "run `relayer schema apply orders`"
     )
-    assert refusal(results["old-run"]) == f"relayer: {old}"
+    assert refusal(results["old-run"], 2) == f"relayer: error: {old}"
     assert results["old-check"].returncode == 1
     assert f"  schema_version: {VERSION - 1}; pending: 000{VERSION}_" in results["old-check"].stdout
     never = (
         "store 'orders': no relayer tables in schema 'public' with prefix 'bare_'; run "
         "`relayer schema apply orders` first"
     )
-    assert refusal(results["bare-run"]) == f"relayer: {never}"
+    assert refusal(results["bare-run"], 2) == f"relayer: error: {never}"
+    for arguments in OPERATOR_COMMANDS:
+        result = results[f"bare-{'-'.join(arguments)}"]
+        assert result.stderr.strip().splitlines() == [f"relayer: error: {never}"], arguments
+        assert result.returncode == 2 and result.stdout == "", arguments
     for settings, message in ((store, old), (bare, never)):
         with psycopg.connect(pg_dsn) as conn:
             with pytest.raises(SchemaNotAppliedError) as caught:

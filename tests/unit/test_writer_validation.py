@@ -102,3 +102,20 @@ def test_write_many_names_the_position() -> None:
     with pytest.raises(InvalidMessageError) as caught:
         Outbox(STORE)._prepare_all([OutboxMessage("d", b"x"), {"destination": "d"}])  # type: ignore[list-item]
     assert caught.value.field == "messages[1]"
+
+
+def test_a_message_naming_no_transport_needs_a_default() -> None:
+    store = STORE.model_copy(update={"default_transport": None})
+    with pytest.raises(InvalidMessageError) as caught:
+        Outbox(store).prepare(OutboxMessage("d", b"x", key="k"))
+    assert str(caught.value) == (
+        "transport: None is invalid: store 'orders' has no default_transport, so a message "
+        "must name one of its transports ('kafka', 'rabbit'); pass transport=..., or set "
+        "stores.orders.default_transport"
+    )
+    assert Outbox(store).prepare(OutboxMessage("d", b"x", key="k", transport="rabbit"))[3] == (
+        "rabbit"
+    )
+    # A writer configured without transports cannot know them: the worker's default applies.
+    bare = store_settings(name="orders", lanes=8)
+    assert Outbox(bare).prepare(OutboxMessage("d", b"x", key="k"))[3] is None

@@ -126,7 +126,7 @@ async def test_pause_stops_the_next_claim_of_another_connection(store: StoreSett
     assert (q.queue, q.paused, q.changed_at is not None) == ("q", False, True)
 
 
-@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3"])
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3", 2**31, 2**63])
 async def test_a_bad_limit_is_rejected_with_a_clear_message(
     store: StoreSettings, bad: object
 ) -> None:
@@ -134,8 +134,8 @@ async def test_a_bad_limit_is_rejected_with_a_clear_message(
     with pytest.raises(ConfigurationError) as caught:
         await admin.set_limit("q", bad)  # type: ignore[arg-type]
     assert str(caught.value) == (
-        f"limit: {bad!r} is invalid: must be an integer >= 1, or None ('none' on the command "
-        "line) to remove the limit"
+        f"limit: {bad!r} is invalid: must be an integer from 1 to 2,147,483,647, or None "
+        "('none' on the command line) to remove the limit"
     )
     assert await admin.events() == ()
 

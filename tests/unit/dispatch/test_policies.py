@@ -50,6 +50,26 @@ def test_building_a_policy_never_fails_validation_happens_at_group_start() -> No
     assert str(caught.value) == WEIGHTED
 
 
+@pytest.mark.parametrize(
+    "policy",
+    [
+        Weighted([("a", "3")]),  # type: ignore[list-item]
+        Weighted({"a": None}),  # type: ignore[dict-item]
+        Weighted(["a"]),  # type: ignore[list-item]
+        Priority(("a", "first"), ("b", 2)),  # type: ignore[arg-type]
+        Priority(["a", 1]),  # type: ignore[arg-type]
+    ],
+)
+async def test_a_policy_of_the_wrong_types_fails_at_start_with_invalid_dispatch_error(
+    policy: Weighted | Priority,
+) -> None:
+    group = WorkerGroup(policy, [MemoryQueue("a"), MemoryQueue("b")], nothing)
+    with pytest.raises(InvalidDispatchError):
+        group.validate()
+    with pytest.raises(InvalidDispatchError):
+        await group.run()
+
+
 async def test_run_raises_the_validation_error() -> None:
     group = WorkerGroup(Weighted([("a", 0)]), [MemoryQueue("a")], nothing)
     with pytest.raises(ValueError) as caught:

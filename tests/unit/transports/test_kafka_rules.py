@@ -15,6 +15,7 @@ from relayer.transports.kafka_rules import (
     check_config,
     delivery_error,
     produce_error,
+    refused_settings,
     topic_error,
 )
 from relayer.transports.options import TransportOptionError
@@ -170,5 +171,31 @@ async def test_a_misspelled_secret_is_masked_in_librdkafkas_refusal() -> None:
             await transport.start()
     finally:
         await transport.close()
-    assert 'No such configuration property: "sasl.passowrd"' in str(caught.value)
+    assert str(caught.value) == (
+        "transports.k.sasl.passowrd: '***' is invalid: is not a librdkafka setting; fix its name "
+        "(see librdkafka's CONFIGURATION.md) or remove it"
+    )
     assert "hunter2" not in str(caught.value) and "hunter2" not in repr(transport)
+
+
+def test_librdkafka_refusing_one_setting_names_that_setting_only() -> None:
+    config = {**BASE, "sasl.password": "hunter2", "linger.mss": 5}
+    error = refused_settings(
+        "events", config, '_INVALID_ARG: No such configuration property: "linger.mss"'
+    )
+    assert str(error) == (
+        "transports.events.linger.mss: 5 is invalid: is not a librdkafka setting; fix its name "
+        "(see librdkafka's CONFIGURATION.md) or remove it"
+    )
+    secret = refused_settings(
+        "events",
+        config,
+        '_INVALID_ARG: Invalid value "hunter2" for configuration property "sasl.password"',
+    )
+    assert "hunter2" not in str(secret)
+    assert str(secret).startswith("transports.events.sasl.password: '***' is invalid:")
+    other = refused_settings("events", config, "_INVALID_ARG: something else")
+    assert str(other) == (
+        "transports.events: {bootstrap.servers, sasl.password, linger.mss} is invalid: "
+        "librdkafka refused the settings: _INVALID_ARG: something else"
+    )

@@ -118,3 +118,18 @@ def test_broken_plug_ins_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
     plugin(monkeypatch, "custom", f"{__name__}:not_a_transport")
     with pytest.raises(ConfigurationError, match="does not implement"):
         create_transport("orders", "c", settings("custom"))
+
+
+def refusing_factory(name: str, options: Any) -> object:
+    raise ConfigurationError("directory", options.get("directory"), "must exist")
+
+
+def test_a_plug_in_option_error_names_the_store_and_transport(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plugin(monkeypatch, "audit", f"{__name__}:refusing_factory")
+    with pytest.raises(ConfigurationError) as caught:
+        create_transport("orders", "trail", settings("audit", directory="/nope"))
+    assert str(caught.value) == (
+        "stores.orders.transports.trail.directory: '/nope' is invalid: must exist"
+    )

@@ -1,0 +1,106 @@
+"""The least privileges of each kind of role that uses a store, as GRANT statements.
+
+Three kinds: the **writer** (the application's role: ``Outbox.write`` in its transactions), the
+**worker** (``relayer run``) and the **operator** (``relayer status``, ``parked``, ``queue``).
+``relayer schema apply`` and ``schema check`` are run by the tables' owner, who needs no grant.
+The statements are composed with ``psycopg.sql.Identifier``, so any role name is quoted safely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from psycopg import sql
+
+from relayer.settings import StoreSettings
+
+Kind = Literal["writer", "worker", "operator"]
+KINDS: tuple[Kind, ...] = ("writer", "worker", "operator")
+
+_ALL = ("SELECT", "INSERT", "UPDATE", "DELETE")
+# Per kind: table role -> privileges. UPDATE also stands for the row locks (SELECT ... FOR
+# UPDATE) a role takes without changing the row.
+_TABLES: Mapping[Kind, Mapping[str, tuple[str, ...]]] = {
+    "writer": {"meta": ("SELECT",), "outbox": ("INSERT",)},
+    "worker": {
+        "meta": ("SELECT",),
+        "migrations": ("SELECT",),  # the drift check at start
+        "leases": _ALL,
+        "outbox": ("SELECT", "UPDATE", "DELETE"),
+        "parked": _ALL,
+        "queues": ("SELECT",),
+        "inbox": ("SELECT", "UPDATE", "DELETE"),  # retention (docs/inbox.md)
+        "inbox_keys": ("SELECT", "UPDATE", "DELETE"),
+        "sequences": ("SELECT", "UPDATE", "DELETE"),
+    },
+    "operator": {
+        "meta": ("SELECT",),
+        "leases": ("SELECT", "UPDATE"),  # a parked-key change locks its lane's lease row
+        "outbox": ("SELECT", "UPDATE", "DELETE"),
+        "parked": ("SELECT", "DELETE"),
+        "queues": ("SELECT", "INSERT", "UPDATE"),
+        "queue_events": ("SELECT", "INSERT"),
+    },
+}
+# The writer numbers each key's messages in this table when sequence_numbers is on.
+_SEQUENCES = ("SELECT", "INSERT", "UPDATE")
+TEMP_REASON = (
+    "the worker creates temporary functions (the batch's fence check and the dispatch claim); "
+    "without TEMP, `relayer run` cannot send"
+)
+
+
+def statements(store: StoreSettings, kind: Kind, role: str) -> list[sql.Composed]:
+    """The GRANT statements ``role`` needs to act as ``kind`` on ``store``."""
+    names = store.names
+    grantee = sql.Identifier(role)
+    database = _database(store)
+    found: list[sql.Composed] = []
+    if database is not None:
+        found.append(
+            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), grantee)
+        )
+        if kind == "worker":
+            found.append(
+                sql.SQL("GRANT TEMPORARY ON DATABASE {} TO {}").format(
+                    sql.Identifier(database), grantee
+                )
+            )
+    found.append(
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(names.schema), grantee)
+    )
+    tables = dict(_TABLES[kind])
+    if kind == "writer" and store.sequence_numbers:
+        tables["sequences"] = _SEQUENCES
+    for table, privileges in tables.items():
+        found.append(
+            sql.SQL("GRANT {} ON TABLE {} TO {}").format(
+                sql.SQL(", ").join(sql.SQL(privilege) for privilege in privileges),
+                sql.Identifier(names.schema, names.table(table)),
+                grantee,
+            )
+        )
+    return found
+
+
+def render(store: StoreSettings, kind: Kind, role: str) -> str:
+    """The statements as a script for ``psql``, with a line saying what they are for."""
+    lines = [f"-- {kind} of store {store.name!r} ({store.db_schema}.{store.table_prefix}*)"]
+    if kind == "worker":
+        lines.append(f"-- TEMPORARY: {TEMP_REASON}")
+    if _database(store) is None:
+        lines.append("-- and GRANT CONNECT ON DATABASE <the store's database> (its DSN names none)")
+    lines.extend(statement.as_string(None) + ";" for statement in statements(store, kind, role))
+    return "\n".join(lines) + "\n"
+
+
+def _database(store: StoreSettings) -> str | None:
+    """The database the store's DSN names (libpq's default: the user's name), if any."""
+    if not store.dsn:
+        return None
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(store.dsn)
+    database = parts.get("dbname") or parts.get("user")
+    return str(database) if database else None
