@@ -9,7 +9,6 @@ import signal
 from typing import Any
 
 from relayer.cli.common import EXIT_OK, Context, tcp_port
-from relayer.cli.common import EXIT_OK, Context
 from relayer.settings import StoreSettings
 from relayer.worker import Worker
 
