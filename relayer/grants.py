@@ -41,13 +41,14 @@ _TABLES: Mapping[Kind, Mapping[str, tuple[str, ...]]] = {
         "parked": ("SELECT", "DELETE"),
         "queues": ("SELECT", "INSERT", "UPDATE"),
         "queue_events": ("SELECT", "INSERT"),
+        "audit": ("SELECT", "INSERT"),  # every parked-key change is recorded (dashboard too)
     },
 }
 # The writer numbers each key's messages in this table when sequence_numbers is on.
 _SEQUENCES = ("SELECT", "INSERT", "UPDATE")
 TEMP_REASON = (
-    "the worker creates temporary functions (the batch's fence check and the dispatch claim); "
-    "without TEMP, `relayer run` cannot send"
+    "the worker creates a temporary function (the dispatch layer's claim); without TEMP, "
+    "`relayer run` cannot send"
 )
 
 
