@@ -7,25 +7,20 @@ or a new share).
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import psycopg
+from collections.abc import Sequence
 
 from relayer.relay.coalescing import Coalescer
-from relayer.store import LaneHead, RelayStore
+from relayer.store import Connect, LaneHead, RelayStore, Session
 
 
 class Prober:
     """Coalesces the probes of every scan that starts in the same event-loop turn into one
-    query, on one connection."""
+    query, on one connection of its own (``connect`` opens it; by default an autocommit
+    connection of the store). StoreError for database trouble."""
 
-    def __init__(self, store: RelayStore, connect: Callable[[], Any]) -> None:
+    def __init__(self, store: RelayStore, connect: Connect | None = None) -> None:
         self._store = store
-        self._connect = connect
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._lock = asyncio.Lock()
+        self.session = Session(store.store, connect, purpose="probe")
         self._probes: Coalescer[LaneHead] = Coalescer(self._probe)
         self.queries = 0
 
@@ -40,19 +35,10 @@ class Prober:
         return await self._query(lanes, busy_only=True)
 
     async def _query(self, lanes: Sequence[int], *, busy_only: bool) -> list[LaneHead]:
-        async with self._lock:
-            try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = await self._connect()
-                self.queries += 1
-                return await self._store.probe(self._conn, lanes, busy_only=busy_only)
-            except BaseException:
-                if self._conn is not None and self._conn.broken:
-                    self._conn = None
-                raise
+        async with self.session.connection("probe lanes") as conn:
+            self.queries += 1
+            return await self._store.probe(conn, lanes, busy_only=busy_only)
 
     async def close(self) -> None:
         await self._probes.close()
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self.session.close()
