@@ -7,7 +7,7 @@
 SELECT id, transport, destination, body, headers::text
 FROM {outbox}
 WHERE id = ANY(%(ids)s::uuid[]) AND lane = -1
-  AND (deliver_at IS NULL OR deliver_at <= now())
+  AND (deliver_at IS NULL OR deliver_at <= pg_catalog.now())
 ORDER BY id
 FOR UPDATE SKIP LOCKED
 
@@ -16,7 +16,7 @@ FOR UPDATE SKIP LOCKED
 -- due, failed rows once their retry time came. Oldest first, through the unordered index.
 SELECT id, transport, destination, body, headers::text
 FROM {outbox}
-WHERE lane = -1 AND coalesce(deliver_at, created_at + %(grace)s) <= now()
+WHERE lane = -1 AND coalesce(deliver_at, created_at + %(grace)s) <= pg_catalog.now()
 ORDER BY id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -35,12 +35,12 @@ WITH deleted AS (
     UPDATE {outbox} AS o
     SET attempts = o.attempts + 1,
         last_error = failure.error,
-        deliver_at = now() + CASE
+        deliver_at = pg_catalog.now() + CASE
             WHEN failure.permanent THEN %(backoff_max)s
-            ELSE least(%(backoff)s * power(2, least(o.attempts, 20)), %(backoff_max)s)
+            ELSE least(%(backoff)s * pg_catalog.power(2, least(o.attempts, 20)), %(backoff_max)s)
         END
     FROM failure
     WHERE o.id = failure.id AND o.lane = -1
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM deleted), (SELECT count(*) FROM retried)
+SELECT (SELECT pg_catalog.count(*) FROM deleted), (SELECT pg_catalog.count(*) FROM retried)
