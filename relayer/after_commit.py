@@ -31,12 +31,10 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 from uuid import UUID
 
-import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from relayer.errors import UsageError
-from relayer.redact import redact
+from relayer.errors import StoreError, UsageError
+from relayer.store import StorePool
 from relayer.transactions import transaction_owner, transaction_status
 from relayer.transports.base import Transport
 from relayer.unordered import UnorderedResult, UnorderedSender
@@ -102,7 +100,7 @@ class UnorderedDispatcher:
         self._owns = transports is None if owns_transports is None else owns_transports
         self._max_connections = max_connections
         self._sender: UnorderedSender | None = None
-        self._pool: AsyncConnectionPool | None = None
+        self._pool: StorePool | None = None
         self._tasks: set[asyncio.Task[UnorderedResult]] = set()
         self._listeners: list[tuple[Any, str, Callable[..., None]]] = []
         # Rows this dispatcher sent and failed attempts, since it was made (for your metrics).
@@ -139,16 +137,9 @@ class UnorderedDispatcher:
         if self._owns:
             for transport in transports.values():
                 await transport.start()
-        pool: AsyncConnectionPool = AsyncConnectionPool(
-            self.store.require_dsn(),
-            min_size=1,
-            max_size=self._max_connections,
-            open=False,
-            kwargs={"autocommit": False, "application_name": f"relayer:{self.store.name}:after"},
-            name=f"relayer-{self.store.name}-after-commit",
-        )
+        pool = StorePool(self.store, purpose="after", max_size=self._max_connections)
         self._pool = pool
-        await pool.open(wait=True, timeout=30)
+        await pool.open(within=30)
 
     async def close(self) -> None:
         """Finish the dispatches in flight, then close the pool and owned transports."""
@@ -193,13 +184,15 @@ class UnorderedDispatcher:
         size = self.store.batch_size
         for start in range(0, len(ids), size):
             try:
-                async with self._pool.connection(timeout=self._sender.deadline) as conn:
+                async with self._pool.connection(
+                    "get a dispatch connection", wait=self._sender.deadline
+                ) as conn:
                     result = await self._sender.send_ids(conn, ids[start : start + size])
                 total += result
                 self.sent += result.sent
                 self.failed += result.failed
-            except (psycopg.Error, PoolTimeout, OSError) as exc:
-                detail = redact(str(exc))
+            except StoreError as exc:
+                detail = str(exc)
                 logger.warning(
                     "store %s: cannot dispatch %s unordered rows after commit (%s); the workers "
                     "recover them after unordered_grace",

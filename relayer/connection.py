@@ -12,10 +12,6 @@ from relayer.settings import StoreSettings
 
 APPLICATION_NAME = "relayer"
 
-# What a loop that talks to PostgreSQL must survive and retry: driver errors, socket errors, and
-# StoreError (how connect() reports a server that is down, restarting or refusing clients).
-DATABASE_TROUBLE: tuple[type[Exception], ...] = (psycopg.Error, OSError, StoreError)
-
 
 async def connect(
     store: StoreSettings, *, autocommit: bool = True, purpose: str = "relayer"
@@ -26,7 +22,7 @@ async def connect(
         return await psycopg.AsyncConnection.connect(
             dsn, autocommit=autocommit, application_name=f"{APPLICATION_NAME}:{purpose}"[:63]
         )
-    except psycopg.Error as exc:
+    except (psycopg.Error, OSError) as exc:
         raise StoreError(
             f"store {store.name!r}: cannot connect to {redact(dsn)}: {redact(str(exc)).strip()}"
         ) from exc

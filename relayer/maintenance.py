@@ -22,18 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
-from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
-
-from relayer.connection import DATABASE_TROUBLE
 from relayer.dispatch import MemoryQueue
-from relayer.health import read_health
+from relayer.errors import StoreError
 from relayer.lanes import fnv1a_32
-from relayer.redact import redact
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
+from relayer.store import Connection, MaintenanceStore, StorePool
 from relayer.transports.base import Transport
 from relayer.unordered import UnorderedSender
 
@@ -71,15 +65,16 @@ class CleanupReport:
     complete: bool = True  # False when a table had more to delete than one pass takes
 
 
-async def cleanup(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> CleanupReport:
+async def cleanup(conn: Connection, store: StoreSettings) -> CleanupReport:
     """Apply ``store``'s retention settings once: inbox entries and key states older than
     ``inbox_retention``, sequence counters idle longer than ``sequence_retention`` (off by
     default) and keys that waited for an operator longer than ``parked_retention`` (off by
     default; each dropped key is logged). Safe to run from several processes at once.
 
-    Consumers whose database has no relayer worker call this themselves, now and then.
+    ``conn`` is a psycopg AsyncConnection (autocommit off). Consumers whose database has no
+    relayer worker call this themselves, now and then. StoreError for database trouble.
     """
-    queries = queries_for(store.names)
+    db = MaintenanceStore(store)
     lock = _task_lock_key(store, Task.CLEANUP)
     counts: dict[str, int] = {}
     complete = True
@@ -93,66 +88,50 @@ async def cleanup(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> C
         if retention is None:
             continue
         for _ in range(CLEANUP_ROUNDS):
-            async with conn.transaction():
-                cursor = await conn.execute(queries["maintenance_try_lock"], {"key": lock})
-                locked = await cursor.fetchone()
-                if not (locked and locked[0]):
-                    return CleanupReport(skipped=True)
-                cursor = await conn.execute(
-                    queries[query], {"retention": retention, "limit": CLEANUP_BATCH}
-                )
-            counts[name] += cursor.rowcount
-            if cursor.rowcount < CLEANUP_BATCH:
+            deleted = await db.expire(conn, query, lock, retention, CLEANUP_BATCH)
+            if deleted is None:
+                return CleanupReport(skipped=True)
+            counts[name] += deleted
+            if deleted < CLEANUP_BATCH:
                 break
         else:
             complete = False
     keys, rows = 0, 0
     if store.parked_retention is not None:
-        keys, rows = await _drop_expired_parked(conn, store, store.parked_retention)
+        keys, rows = await _drop_expired_parked(db, conn, store.parked_retention)
     return CleanupReport(
         counts["inbox"], counts["inbox_keys"], counts["sequences"], keys, rows, False, complete
     )
 
 
 async def _drop_expired_parked(
-    conn: psycopg.AsyncConnection[Any], store: StoreSettings, retention: timedelta
+    db: MaintenanceStore, conn: Connection, retention: timedelta
 ) -> tuple[int, int]:
-    queries = queries_for(store.names)
-    params = {"retention": retention, "limit": CLEANUP_BATCH}
-    async with conn.transaction():
-        cursor = await conn.execute(queries["parked_expired"], params)
-        candidates = await cursor.fetchall()
+    store = db.store
     keys = rows = 0
-    for key, lane in candidates:
-        async with conn.transaction():
-            # Like `relayer parked drop`: wait for a batch in flight on the lane, then re-check.
-            await conn.execute(queries["lock_lane_for_operator"], {"lane": lane})
-            cursor = await conn.execute(
-                queries["drop_expired_parked_key"], {"key": key, "retention": retention}
-            )
-            dropped = await cursor.fetchone()
+    for key, lane in await db.parked_expired(conn, retention, CLEANUP_BATCH):
+        dropped = await db.drop_expired_parked_key(conn, key, lane, retention)
         if dropped is None:
             continue  # redriven or retried meanwhile
-        count, head, attempts, error, waited = dropped
-        keys, rows = keys + 1, rows + int(count)
+        keys, rows = keys + 1, rows + dropped.rows
         logger.warning(
             "store %s: parked key %r waited %.0f s for an operator (parked_retention %s s); "
             "dropped its %s rows (head %s, %s attempts, last error: %s)",
             store.name,
             key,
-            waited,
+            dropped.waited_seconds,
             retention.total_seconds(),
-            count,
-            head,
-            attempts,
-            error,
+            dropped.rows,
+            dropped.head_id,
+            dropped.attempts,
+            dropped.error,
             extra={
                 "action": "parked_expired",
                 "store": store.name,
                 "lane": lane,
                 "key": key,
-                "rows": int(count),
-                "error": error,
+                "rows": dropped.rows,
+                "error": dropped.error,
             },
         )
     return keys, rows
@@ -176,7 +155,7 @@ class Maintenance:
         self,
         store: StoreSettings,
         transports: Mapping[str, Transport],
-        pool: AsyncConnectionPool,
+        pool: StorePool,
         now: Callable[[], float],
         leader: Callable[[], bool],
     ) -> None:
@@ -186,6 +165,7 @@ class Maintenance:
         self.leader = leader
         self.queue: MemoryQueue[int] = MemoryQueue(maintenance_queue(store.name))
         self.sender = UnorderedSender(store, transports)
+        self.db = MaintenanceStore(store)
         # Unordered rows this worker's recovery sent, and failed attempts (exported as metrics).
         self.recovered = 0
         self.recovery_failed = 0
@@ -205,19 +185,20 @@ class Maintenance:
                 next_in = await self._recover()
             else:
                 next_in = await self._cleanup()
-        except DATABASE_TROUBLE as exc:  # PoolTimeout is a psycopg error too
+        except StoreError as exc:  # the gateway's, with a redacted message
             logger.warning(
-                "store %s: maintenance task %s failed: %s",
+                "store %s: maintenance task %s failed: %s; retrying in %.0f s",
                 self.store.name,
                 task.name.lower(),
-                redact(str(exc)),
+                exc,
+                min(self.store.retry_backoff.total_seconds(), 10.0),
                 extra={"action": "maintenance_failed", "store": self.store.name},
             )
             next_in = min(self.store.retry_backoff.total_seconds(), 10.0)
         self.queue.schedule(task, self.now() + next_in)
 
     async def _recover(self) -> float:
-        async with self.pool.connection() as conn:
+        async with self.pool.connection("recover unordered rows") as conn:
             result = await self.sender.recover(conn, self.store.batch_size)
         self.recovered += result.sent
         self.recovery_failed += result.failed
@@ -242,10 +223,9 @@ class Maintenance:
         interval = self.store.cleanup_interval.total_seconds()
         if not self.leader():
             return interval
-        async with self.pool.connection() as conn:
+        async with self.pool.connection("clean up") as conn:
             report = await cleanup(conn, self.store)
-            health = await read_health(conn, self.store)
-            await conn.rollback()
+            health = await self.db.health(conn)
         self.last_cleanup = report
         for warning in health.warnings:
             logger.warning(

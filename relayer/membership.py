@@ -17,18 +17,13 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
-import psycopg
-
-from relayer.connection import DATABASE_TROUBLE
+from relayer.errors import StoreError
 from relayer.settings import StoreSettings
-from relayer.store import RelayStore
+from relayer.store import Connect, RelayStore, Session
 
 logger = logging.getLogger(__name__)
-
-Connect = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
 
 
 def new_instance_id() -> str:
@@ -54,7 +49,7 @@ class Membership:
         self,
         store: StoreSettings,
         member: str,
-        connect: Connect,
+        connect: Connect | None = None,
         *,
         on_change: Callable[[frozenset[int]], None] = lambda lanes: None,
         clock: Callable[[], float] = time.monotonic,
@@ -62,11 +57,12 @@ class Membership:
         self.store = store
         self.member = member
         self.db = RelayStore(store)
-        self._connect = connect
+        # Its own connection, so slow batches never delay a heartbeat (``connect`` opens it;
+        # by default an autocommit connection of the store).
+        self.session = Session(store, connect, purpose="control")
         self._on_change = on_change
         self._clock = clock
         self._token = uuid.uuid4()
-        self._conn: psycopg.AsyncConnection[Any] | None = None
         self.members: tuple[str, ...] = ()
         # This member's share: lanes with lane % len(members) == rank (rank -1: none).
         self.rank = -1
@@ -77,14 +73,13 @@ class Membership:
 
     async def beat(self) -> None:
         """One heartbeat: renew, learn the live members, recompute and apply the share."""
-        if self._conn is None or self._conn.closed:
-            self._conn = await self._connect()
-        members = tuple(await self.db.heartbeat(self._conn, self.member, self._token))
-        self.last_beat = self._clock()
-        rank = members.index(self.member) if self.member in members else -1
-        changed = members != self.members or rank != self.rank
-        lanes = share(rank, len(members), self.store.lanes) if changed else self.lanes
-        released = await self.db.release_lanes(self._conn, self.member, rank, len(members))
+        async with self.session.connection("heartbeat") as conn:
+            members = tuple(await self.db.heartbeat(conn, self.member, self._token))
+            self.last_beat = self._clock()
+            rank = members.index(self.member) if self.member in members else -1
+            changed = members != self.members or rank != self.rank
+            lanes = share(rank, len(members), self.store.lanes) if changed else self.lanes
+            released = await self.db.release_lanes(conn, self.member, rank, len(members))
         if changed:
             logger.info(
                 "member %s of store %s: rank %s of %s, %s lanes",
@@ -111,11 +106,10 @@ class Membership:
         lanes a batch holds at that moment; the batch calls this when it ends, so that the new
         owner does not wait for the next heartbeat. Failures are left to that heartbeat."""
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = await self._connect()
             rank = self.rank if self.lanes else -1
-            released = await self.db.release_lanes(self._conn, self.member, rank, len(self.members))
-        except DATABASE_TROUBLE as exc:
+            async with self.session.connection("release lanes") as conn:
+                released = await self.db.release_lanes(conn, self.member, rank, len(self.members))
+        except StoreError as exc:
             logger.debug("releasing lanes of store %s failed: %s", self.store.name, exc)
             return
         if released:
@@ -149,13 +143,15 @@ class Membership:
                 delay = min(self.interval, JOINING_BEAT)
             try:
                 await self.beat()
-            except DATABASE_TROUBLE as exc:
+            except StoreError as exc:
                 delay = min(self.interval, 1.0)
-                await self._drop_connection()
+                await self.session.close()
                 logger.warning(
-                    "heartbeat of %s failed: %s",
+                    "heartbeat of %s failed: %s; retrying in %.0f s (it stops sending if no "
+                    "heartbeat succeeds for a lease)",
                     self.member,
                     exc,
+                    delay,
                     extra={"action": "heartbeat_failed", "store": self.store.name},
                 )
                 if self.expired():
@@ -167,25 +163,22 @@ class Membership:
     async def leave(self) -> None:
         """Release every lane and the membership (graceful shutdown)."""
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = await self._connect()
-            await self.db.leave(self._conn, self.member)
+            async with self.session.connection("leave") as conn:
+                await self.db.leave(conn, self.member)
             logger.info(
                 "member %s left store %s",
                 self.member,
                 self.store.name,
                 extra={"action": "leave", "store": self.store.name, "member": self.member},
             )
-        except DATABASE_TROUBLE as exc:
-            logger.warning("leaving store %s failed: %s", self.store.name, exc)
+        except StoreError as exc:
+            logger.warning(
+                "leaving store %s failed: %s; its lanes are free when the lease expires",
+                self.store.name,
+                exc,
+                extra={"action": "leave_failed", "store": self.store.name},
+            )
         finally:
             self.rank = -1
             self._set_lanes(frozenset())
-            await self._drop_connection()
-
-    async def _drop_connection(self) -> None:
-        if self._conn is not None:
-            try:
-                await self._conn.close()
-            finally:
-                self._conn = None
+            await self.session.close()

@@ -21,22 +21,17 @@ Any doubt about the database outcome rolls back; the rows are sent again later (
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from uuid import UUID
 
-import psycopg
-
-from relayer.errors import FencedWriteError, TransportError
+from relayer.errors import StoreError, TransportError
 from relayer.redact import redact
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
-from relayer.store import Failure, abandon
-from relayer.transports.base import OutgoingMessage, SendError, Transport
+from relayer.store import Claimed, Connection, Failure, UnorderedStore, abandon
+from relayer.transports.base import SendError, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -75,24 +70,21 @@ class UnorderedSender:
     def __init__(self, store: StoreSettings, transports: Mapping[str, Transport]) -> None:
         self.store = store
         self.transports = dict(transports)
-        self.queries = queries_for(store.names)
+        self.db = UnorderedStore(store)
         lease = store.lease_duration.total_seconds()
         self.deadline = lease / 2
         self.commit_reserve = lease / 8
 
-    async def send_ids(
-        self, conn: psycopg.AsyncConnection[Any], ids: Sequence[UUID]
-    ) -> UnorderedResult:
+    async def send_ids(self, conn: Connection, ids: Sequence[UUID]) -> UnorderedResult:
         """Send the rows with these ids that exist, are due and are not held by another sender."""
-        return await self._batch(conn, "unordered_claim_ids", {"ids": list(ids)})
+        return await self._batch(conn, lambda: self.db.claim_ids(conn, ids))
 
-    async def recover(self, conn: psycopg.AsyncConnection[Any], limit: int) -> UnorderedResult:
+    async def recover(self, conn: Connection, limit: int) -> UnorderedResult:
         """Send up to ``limit`` rows that are older than the grace period or due again."""
-        params = {"grace": self.store.unordered_grace, "limit": limit}
-        return await self._batch(conn, "unordered_claim_due", params)
+        return await self._batch(conn, lambda: self.db.claim_due(conn, limit))
 
     async def _batch(
-        self, conn: psycopg.AsyncConnection[Any], query: str, params: Mapping[str, Any]
+        self, conn: Connection, claim: Callable[[], Awaitable[list[Claimed]]]
     ) -> UnorderedResult:
         """One claim-send-settle transaction on ``conn`` (autocommit off). Never raises for
         database or broker trouble: the result says what happened."""
@@ -100,16 +92,15 @@ class UnorderedSender:
         claimed = 0
         try:
             async with asyncio.timeout(self.deadline):
-                cursor = await conn.execute(self.queries[query], params, binary=True)
-                rows = await cursor.fetchall()
-                claimed = len(rows)
-                if not rows:
-                    await conn.rollback()
+                messages = await claim()
+                claimed = len(messages)
+                if not messages:
+                    await self.db.end(conn)
                     return UnorderedResult()
                 wait_until = started + self.deadline - self.commit_reserve
-                report = await self._publish([_message(row) for row in rows], wait_until)
+                report = await self._publish(messages, wait_until)
                 sent, failed = await self._settle(conn, report)
-        except (TimeoutError, psycopg.Error, FencedWriteError) as exc:
+        except (TimeoutError, StoreError) as exc:  # FencedWriteError is a StoreError
             await abandon(conn)
             detail = "deadline passed" if isinstance(exc, TimeoutError) else redact(str(exc))
             logger.warning(
@@ -123,36 +114,13 @@ class UnorderedSender:
         self._log(report)
         return UnorderedResult(claimed, sent, failed, report.unresolved, report.unavailable)
 
-    async def _settle(self, conn: psycopg.AsyncConnection[Any], report: _Report) -> tuple[int, int]:
+    async def _settle(self, conn: Connection, report: _Report) -> tuple[int, int]:
         if not report.acked and not report.failures:
-            await conn.rollback()
+            await self.db.end(conn)
             return 0, 0
-        cursor = await conn.execute(
-            self.queries["unordered_settle"],
-            {
-                "acked": report.acked,
-                "failed": [failure.id for failure in report.failures],
-                "errors": [failure.error for failure in report.failures],
-                "permanent": [failure.permanent for failure in report.failures],
-                "backoff": self.store.retry_backoff,
-                "backoff_max": self.store.retry_backoff_max,
-            },
-        )
-        row = await cursor.fetchone()
-        assert row is not None
-        deleted, retried = int(row[0]), int(row[1])
-        if deleted != len(report.acked) or retried != len(report.failures):
-            # The rows are locked by this transaction, so only a bug or a manual change gets here.
-            raise FencedWriteError(
-                f"unordered outcomes matched {deleted}/{len(report.acked)} deletes and "
-                f"{retried}/{len(report.failures)} retries"
-            )
-        await conn.commit()
-        return deleted, retried
+        return await self.db.settle(conn, report.acked, report.failures)
 
-    async def _publish(
-        self, messages: Sequence[tuple[OutgoingMessage, str | None]], wait_until: float
-    ) -> _Report:
+    async def _publish(self, messages: Sequence[Claimed], wait_until: float) -> _Report:
         report = _Report()
         in_flight: dict[asyncio.Future[None], UUID] = {}
         for message, transport_name in messages:
@@ -228,12 +196,6 @@ class UnorderedSender:
                 report.unavailable,
                 extra={"action": "unordered_unavailable", "store": self.store.name},
             )
-
-
-def _message(row: Sequence[Any]) -> tuple[OutgoingMessage, str | None]:
-    message_id, transport, destination, body, headers = row
-    decoded: Mapping[str, str] = {} if headers == "{}" else json.loads(headers)
-    return OutgoingMessage(message_id, destination, body, None, decoded), transport
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

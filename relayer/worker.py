@@ -21,12 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import psycopg
-from psycopg import sql
-from psycopg_pool import AsyncConnectionPool
-
-from relayer import schema
-from relayer.connection import DATABASE_TROUBLE, connect
 from relayer.destinations import DestinationCache
 from relayer.dispatch import (
     Job,
@@ -39,14 +33,13 @@ from relayer.dispatch import (
 )
 from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
-from relayer.errors import ConfigurationError
+from relayer.errors import ConfigurationError, StoreError
 from relayer.maintenance import Maintenance, maintenance_queue
 from relayer.membership import Membership, new_instance_id
 from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
-from relayer.redact import redact
 from relayer.relay import Coalescer, LaneRelay, Prober, Scan, ScanResult
 from relayer.settings import StoreSettings, WorkerSettings
-from relayer.store import RelayStore
+from relayer.store import RelayStore, Session, StorePool, listen
 from relayer.tracing import RelayTracer, relay_tracer
 from relayer.transports.base import Transport
 
@@ -110,28 +103,20 @@ class StoreRuntime:
         self.relay = LaneRelay(
             store, self.transports, member, destinations=DestinationCache(), tracer=tracer
         )
-        self.membership = Membership(
-            store, member, self._connect_autocommit, on_change=self._lanes_changed
-        )
-        self.prober = Prober(RelayStore(store), self._connect_autocommit)
-        self.pool = AsyncConnectionPool(
-            store.require_dsn(),
+        self.membership = Membership(store, member, on_change=self._lanes_changed)
+        self.prober = Prober(RelayStore(store))
+        self.pool = StorePool(
+            store,
+            purpose="batch",
             # Resized to the member's share when it changes (see _lanes_changed): no more open
             # connections than lanes this member can send at once.
-            min_size=1,
             max_size=pool_size,
-            open=False,
             # A scan waiting for a connection must give its slot back well within a lease.
             timeout=max(store.lease_duration.total_seconds() / 4, 1.0),
-            kwargs={
-                "autocommit": False,
-                "application_name": f"relayer:{store.name}:batch",
-                # A batch's commit records deletes of rows the broker already has: losing it in
-                # a server crash only sends those rows again (at-least-once holds), so it need
-                # not wait for the WAL flush.
-                "options": "-c synchronous_commit=off",
-            },
-            name=f"relayer-{store.name}",
+            # A batch's commit records deletes of rows the broker already has: losing it in a
+            # server crash only sends those rows again (at-least-once holds), so it need not
+            # wait for the WAL flush.
+            options="-c synchronous_commit=off",
         )
         # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
         self.maintenance = Maintenance(
@@ -149,9 +134,6 @@ class StoreRuntime:
         # Scans due in the same event-loop turn send their lanes in shared transactions.
         self._batches: Coalescer[ScanResult] = Coalescer(self._send_group, chunk=GROUP_LANES)
 
-    async def _connect_autocommit(self) -> psycopg.AsyncConnection[Any]:
-        return await connect(self.store, purpose=f"{self.store.name}:control")
-
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
         for lane in range(self.store.lanes):
             if lane not in lanes:
@@ -159,13 +141,17 @@ class StoreRuntime:
                 self._due_heads.pop(lane, None)
         self.wake_all()  # probe the new share: lanes with due heads get scanned
         if not self.pool.closed:
-            self._resize = asyncio.ensure_future(
-                self.pool.resize(self._pool_target(), self.pool.max_size)
-            )
+            self._resize = asyncio.ensure_future(self._resize_pool())
 
     def _pool_target(self) -> int:
         """Connections to keep open: one per lane of the share, up to the pool size."""
         return min(self.pool.max_size, max(1, len(self.membership.lanes)))
+
+    async def _resize_pool(self) -> None:
+        try:
+            await self.pool.resize(self._pool_target())
+        except StoreError as exc:  # the pool keeps its size; the next change tries again
+            self.stats.last_error = str(exc)
 
     def woken(self, payload: str) -> None:
         """A writer's NOTIFY: the payload is a lane to scan now, or empty for every lane."""
@@ -207,8 +193,8 @@ class StoreRuntime:
                 return
             try:
                 heads = await self.prober.heads(membership.rank, len(membership.members))
-            except DATABASE_TROUBLE as exc:
-                self.stats.last_error = redact(str(exc))
+            except StoreError as exc:
+                self.stats.last_error = str(exc)
                 return  # the next poll tries again
             now = self.now()
             for head in heads:
@@ -233,8 +219,8 @@ class StoreRuntime:
             return  # not ours (any more): membership reschedules it if it comes back
         try:
             result = await self._scan(lane)
-        except DATABASE_TROUBLE as exc:  # a probe or a pooled connection failed
-            detail = redact(str(exc))
+        except StoreError as exc:  # a probe or a pooled connection failed
+            detail = str(exc)
             logger.warning(
                 "lane %s of store %s: %s; retrying in %.1f s",
                 lane,
@@ -276,7 +262,7 @@ class StoreRuntime:
         turn (at most GROUP_LANES; more make several batches, sent concurrently). Under a light
         load a lane goes alone, at once; under a heavy one, many lanes with a few rows each
         share one lock, one outcome statement and one commit instead of paying for one each."""
-        async with self.pool.connection() as conn:
+        async with self.pool.connection("get a batch connection") as conn:
             started = time.perf_counter()
             results = await self.relay.send_lanes(conn, lanes)
             self.stats.batch_seconds.observe(time.perf_counter() - started)
@@ -292,36 +278,33 @@ class StoreRuntime:
 
     async def listen(self, stop: asyncio.Event) -> None:
         """Wake lanes on writers' notifications; reconnect after failures (polls cover gaps)."""
-        channel = self.store.names.notify_channel
         while not stop.is_set():
             try:
-                async with await self._connect_autocommit() as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                async with listen(self.store) as notifications:
                     self.wake_all()  # anything written while we were not listening
                     while not stop.is_set():
-                        # Bounded waits instead of cancelling a pending read: a cancelled
-                        # notifies() generator can keep the connection busy at close.
-                        async for notice in conn.notifies(timeout=LISTEN_WAIT, stop_after=1):
-                            self.woken(notice.payload)
-            except DATABASE_TROUBLE as exc:
+                        for payload in await notifications.next(LISTEN_WAIT):
+                            self.woken(payload)
+            except StoreError as exc:
                 logger.warning(
-                    "LISTEN on store %s lost: %s; polling until it is back",
+                    "LISTEN on store %s lost: %s; polling every poll_interval until it is back",
                     self.store.name,
-                    redact(str(exc)),
+                    exc,
                     extra={"action": "listen_lost", "store": self.store.name},
                 )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.relay.backoff)
 
     async def open(self) -> None:
-        async with await self._connect_autocommit() as conn:
-            await schema.require_meta(conn, self.store)
-            await RelayStore(self.store).ensure_lane_rows(conn)
+        session = Session(self.store, purpose="control")
+        try:
+            async with session.connection("check the schema") as conn:
+                await RelayStore(self.store).prepare(conn)
+        finally:
+            await session.close()
         # Join first: the share sizes the pool, which starts with that many connections ready.
         await self.membership.beat()
-        await self.pool.open(wait=True, timeout=30)
-        await self.pool.resize(self._pool_target(), self.pool.max_size)
-        await self.pool.wait(timeout=30)
+        await self.pool.open(connections=self._pool_target(), within=30)
         self.maintenance.start()
 
     async def close(self) -> None:

@@ -1,14 +1,20 @@
-"""``relayer run STORE [STORE ...]``: a worker process until SIGTERM/SIGINT."""
+"""``relayer run STORE [STORE ...]``: a worker process until SIGTERM/SIGINT, or with
+``--processes N`` that many, supervised (relayer.cli.processes)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import signal
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from relayer.cli.common import EXIT_OK, Context, tcp_port
+from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context, tcp_port
+from relayer.cli.processes import STOP_MARGIN, Supervisor, child_command, stop_with_supervisor
+from relayer.errors import UsageError
 from relayer.settings import StoreSettings
 from relayer.worker import Worker
 
@@ -21,12 +27,23 @@ def register(commands: Any) -> None:
         help="relay the stores' outbox rows until SIGTERM/SIGINT (then finish and leave)",
     )
     parser.add_argument("stores", nargs="+", metavar="STORE", help="stores to serve")
-    parser.add_argument("--instance-id", help="member id (default: host:pid:random)")
+    parser.add_argument(
+        "--instance-id",
+        help="member id (default: host:pid:random; with --processes, ID-0, ID-1, ...)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=_processes,
+        default=1,
+        metavar="N|auto",
+        help="run N member processes, each a full worker (auto: one per CPU; default: 1)",
+    )
     parser.add_argument(
         "--metrics-port",
         type=tcp_port,
         metavar="PORT",
-        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs the 'metrics' extra)",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs the 'metrics' extra); "
+        "with --processes, process i serves PORT+i",
     )
     parser.add_argument(
         "--metrics-host",
@@ -45,38 +62,79 @@ def register(commands: Any) -> None:
 
 
 async def _run(context: Context) -> int:
-    stores = [context.store(name) for name in context.arguments.stores]
-    worker = Worker(
-        stores, settings=context.settings.worker, instance_id=context.arguments.instance_id
+    arguments = context.arguments
+    stores = [context.store(name) for name in arguments.stores]
+    # Built before anything starts, also by the parent of --processes: every configuration
+    # error (stores, transports, worker settings) is reported once, before any child runs.
+    worker = Worker(stores, settings=context.settings.worker, instance_id=arguments.instance_id)
+    if arguments.processes > 1:
+        return await _supervise(arguments, stores)
+    if not stop_with_supervisor():
+        return EXIT_RUNTIME  # started by a supervisor that is gone already
+    with _stop_on_signals("finishing batches in flight, then leaving") as stop:
+        metrics = await _serve_metrics(worker, arguments, stop)
+        warnings = asyncio.create_task(_warn_once_started(worker, stores))
+        try:
+            await worker.run(stop)
+        finally:
+            stop.set()
+            warnings.cancel()
+            if metrics is not None:
+                await metrics
+    return EXIT_OK
+
+
+async def _supervise(arguments: argparse.Namespace, stores: list[StoreSettings]) -> int:
+    count = arguments.processes
+    port = arguments.metrics_port
+    if port and port + count - 1 > 65535:
+        raise UsageError(
+            f"--metrics-port: {port} is invalid with --processes {count}: process i serves "
+            f"PORT+i, so PORT must be at most {65536 - count}"
+        )
+    longest_lease = max(store.lease_duration.total_seconds() for store in stores)
+    supervisor = Supervisor(
+        [child_command(arguments, index) for index in range(count)],
+        stop_within=longest_lease / 2 + STOP_MARGIN,
     )
+    logger.info(
+        "starting %s worker processes for %s",
+        count,
+        ", ".join(store.name for store in stores),
+        extra={"action": "processes_start"},
+    )
+    with _stop_on_signals("stopping every process", supervisor.forward) as stop:
+        return await supervisor.run(stop)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(
+    doing: str, also: Callable[[int], None] = lambda signum: None
+) -> Iterator[asyncio.Event]:
+    """An event set by SIGTERM/SIGINT (logged once; ``also`` is told of every signal)."""
     stop = asyncio.Event()
-    metrics = await _serve_metrics(worker, context.arguments, stop)
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT)
 
     def request_stop(signum: int) -> None:
+        also(signum)
         if stop.is_set():
             return
         logger.info(
-            "%s received: finishing batches in flight, then leaving",
+            "%s received: %s",
             signal.Signals(signum).name,
+            doing,
             extra={"action": "shutdown"},
         )
         stop.set()
 
     for signum in signals:
         loop.add_signal_handler(signum, request_stop, signum)
-    warnings = asyncio.create_task(_warn_once_started(worker, stores))
     try:
-        await worker.run(stop)
+        yield stop
     finally:
-        stop.set()
-        warnings.cancel()
-        if metrics is not None:
-            await metrics
         for signum in signals:
             loop.remove_signal_handler(signum)
-    return EXIT_OK
 
 
 async def _warn_once_started(worker: Worker, stores: list[StoreSettings]) -> None:
@@ -107,3 +165,15 @@ async def _serve_metrics(
     metrics = WorkerMetrics(worker, interval=arguments.metrics_interval)
     await metrics.serve(arguments.metrics_host, arguments.metrics_port)
     return asyncio.create_task(metrics.run(stop))
+
+
+def _processes(text: str) -> int:
+    if text == "auto":
+        return os.cpu_count() or 1
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process count (1-1024 or auto)")
+    return count

@@ -18,19 +18,17 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from uuid import UUID, uuid4
 
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import FencedWriteError, StoreError
 from relayer.relay.pipeline import IN_FLIGHT, UNSENT, SendReport, send_batch
 from relayer.settings import StoreSettings
-from relayer.store import LaneHead, LaneRows, RelayStore, RowFailure
+from relayer.store import Connection, LaneHead, LaneRows, RelayStore, RowFailure
 from relayer.transports.base import Transport
 
 if TYPE_CHECKING:
-    import psycopg
-
     from relayer.tracing import RelayTracer
 
 logger = logging.getLogger(__name__)
@@ -124,9 +122,7 @@ class LaneRelay:
             )
         return transport
 
-    async def send_lanes(
-        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
-    ) -> list[ScanResult]:
+    async def send_lanes(self, conn: Connection, lanes: Sequence[int]) -> list[ScanResult]:
         """One batch of ``lanes`` (distinct, sorted) in one transaction on ``conn`` (not in
         autocommit mode): a result per lane, in the same order. Never raises for database or
         broker trouble: each result says what happened and when to scan that lane again."""
@@ -137,9 +133,7 @@ class LaneRelay:
             span.finish(results)
             return results
 
-    async def _send_lanes(
-        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
-    ) -> list[ScanResult]:
+    async def _send_lanes(self, conn: Connection, lanes: Sequence[int]) -> list[ScanResult]:
         started = self.clock()
         try:
             async with asyncio.timeout(self.batch_deadline):
@@ -160,7 +154,7 @@ class LaneRelay:
         return [ScanResult(lane, Scan.FAILED, self.backoff, detail=detail) for lane in lanes]
 
     async def _batch(
-        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int], started: float
+        self, conn: Connection, lanes: Sequence[int], started: float
     ) -> list[ScanResult]:
         tokens, rows = await self.db.lock_and_read(
             conn, lanes, self.member, uuid4(), self.store.batch_size
@@ -181,7 +175,7 @@ class LaneRelay:
 
     async def _send_locked(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        conn: Connection,
         started: float,
         tokens: Mapping[int, UUID],
         rows: LaneRows,

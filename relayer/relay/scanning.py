@@ -7,25 +7,20 @@ or a new share).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-import psycopg
 
 from relayer.relay.coalescing import Coalescer
-from relayer.store import LaneHead, RelayStore
+from relayer.store import Connect, Connection, LaneHead, RelayStore, Session
 
 
 class Prober:
     """Coalesces the probes of every scan that starts in the same event-loop turn into one
-    query, on one connection."""
+    query, on one connection of its own (``connect`` opens it; by default an autocommit
+    connection of the store). StoreError for database trouble."""
 
-    def __init__(self, store: RelayStore, connect: Callable[[], Any]) -> None:
+    def __init__(self, store: RelayStore, connect: Connect | None = None) -> None:
         self._store = store
-        self._connect = connect
-        self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._lock = asyncio.Lock()
+        self.session = Session(store.store, connect, purpose="probe")
         self._probes: Coalescer[LaneHead] = Coalescer(self._probe)
         self.queries = 0
 
@@ -42,21 +37,12 @@ class Prober:
         return await self._query(lambda conn: self._store.probe_share(conn, rank, members))
 
     async def _query(
-        self, run: Callable[[psycopg.AsyncConnection[Any]], Awaitable[list[LaneHead]]]
+        self, run: Callable[[Connection], Awaitable[list[LaneHead]]]
     ) -> list[LaneHead]:
-        async with self._lock:
-            try:
-                if self._conn is None or self._conn.closed:
-                    self._conn = await self._connect()
-                self.queries += 1
-                return await run(self._conn)
-            except BaseException:
-                if self._conn is not None and self._conn.broken:
-                    self._conn = None
-                raise
+        async with self.session.connection("probe lanes") as conn:
+            self.queries += 1
+            return await run(conn)
 
     async def close(self) -> None:
         await self._probes.close()
-        if self._conn is not None:
-            await self._conn.close()
-            self._conn = None
+        await self.session.close()

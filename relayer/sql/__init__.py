@@ -90,8 +90,12 @@ def _named_texts() -> dict[str, str]:
 
 
 def identifiers(names: StoreNames) -> dict[str, sql.Composable]:
-    """The placeholder values for a store: ``{schema}``, every table and every index."""
-    values: dict[str, sql.Composable] = {"schema": sql.Identifier(names.schema)}
+    """The placeholder values for a store: ``{schema}``, every table, every index and the
+    ``{channel}`` writers NOTIFY."""
+    values: dict[str, sql.Composable] = {
+        "schema": sql.Identifier(names.schema),
+        "channel": sql.Identifier(names.notify_channel),
+    }
     for role in TABLE_SUFFIXES:
         values[role] = sql.Identifier(names.schema, names.table(role))
     for role in INDEX_SUFFIXES:

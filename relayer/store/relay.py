@@ -1,7 +1,8 @@
 """The relay's side of the database: every statement the ordered protocol runs.
 
-This is the only module of the relay that runs SQL. It returns frozen value objects; no
-driver rows travel further. Statements live in ``relayer/sql/relay.sql``.
+The relay, membership and scanning run SQL only through this module. It returns frozen value
+objects (no driver rows travel further) and raises only relayer errors: driver errors become
+StoreError (relayer.store.driver). Statements live in ``relayer/sql/relay.sql``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from uuid import UUID
 
 import psycopg
 
-from relayer.errors import FencedWriteError, StoreError
-from relayer.redact import redact
+from relayer import schema
+from relayer.errors import FencedWriteError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.store.driver import DRIVER_ERRORS, Connection, store_error, translated
 from relayer.transports.base import OutboundBatch
 
 # How the outcome statement's fence refuses to commit (relay.sql): it casts a text that starts
@@ -93,15 +95,6 @@ class RowFailure:
 
 
 @dataclass(frozen=True, slots=True)
-class Failure:
-    """A failed head row: the error to record and whether retrying can help."""
-
-    id: UUID
-    error: str
-    permanent: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class Outcomes:
     deleted: int
     failed: int
@@ -117,52 +110,53 @@ class RelayStore:
         self.queries = queries_for(store.names)
         self.lease = store.lease_duration
 
-    async def ensure_lane_rows(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
+    async def prepare(self, conn: Connection) -> None:
+        """Before serving the store: refuse a missing, old or drifted schema or another lane
+        count (relayer.schema), and make sure every lane has its lease row."""
+        with translated(self.store, "check the schema"):
+            await schema.require_meta(conn, self.store)
+            await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
 
-    async def heartbeat(
-        self, conn: psycopg.AsyncConnection[Any], member: str, token: UUID
-    ) -> list[str]:
+    async def heartbeat(self, conn: Connection, member: str, token: UUID) -> list[str]:
         """Renew ``member``, drop expired members; the live members in rank order."""
-        cursor = await conn.execute(
-            self.queries["heartbeat"], {"member": member, "token": token, "lease": self.lease}
-        )
-        return [str(row[0]) for row in await cursor.fetchall()]
+        with translated(self.store, "heartbeat"):
+            cursor = await conn.execute(
+                self.queries["heartbeat"], {"member": member, "token": token, "lease": self.lease}
+            )
+            return [str(row[0]) for row in await cursor.fetchall()]
 
-    async def release_lanes(
-        self, conn: psycopg.AsyncConnection[Any], member: str, rank: int, members: int
-    ) -> int:
+    async def release_lanes(self, conn: Connection, member: str, rank: int, members: int) -> int:
         """Give up the held lanes outside the share of the member at ``rank`` of ``members``
         (rank < 0: every lane)."""
-        cursor = await conn.execute(
-            self.queries["release_lanes"],
-            {"member": member, "rank": rank, "members": max(members, 1)},
-        )
-        return cursor.rowcount
+        with translated(self.store, "release lanes"):
+            cursor = await conn.execute(
+                self.queries["release_lanes"],
+                {"member": member, "rank": rank, "members": max(members, 1)},
+            )
+            return cursor.rowcount
 
-    async def leave(self, conn: psycopg.AsyncConnection[Any], member: str) -> None:
-        await conn.execute(self.queries["leave"], {"member": member})
+    async def leave(self, conn: Connection, member: str) -> None:
+        with translated(self.store, "leave"):
+            await conn.execute(self.queries["leave"], {"member": member})
 
-    async def probe(
-        self, conn: psycopg.AsyncConnection[Any], lanes: Sequence[int]
-    ) -> list[LaneHead]:
+    async def probe(self, conn: Connection, lanes: Sequence[int]) -> list[LaneHead]:
         """Each of ``lanes``' head."""
-        cursor = await conn.execute(self.queries["probe"], {"lanes": _text_list(lanes)})
-        return _heads(await cursor.fetchall())
+        with translated(self.store, "probe lanes"):
+            cursor = await conn.execute(self.queries["probe"], {"lanes": _text_list(lanes)})
+            return _heads(await cursor.fetchall())
 
-    async def probe_share(
-        self, conn: psycopg.AsyncConnection[Any], rank: int, members: int
-    ) -> list[LaneHead]:
+    async def probe_share(self, conn: Connection, rank: int, members: int) -> list[LaneHead]:
         """The heads of the lanes of the share of the member at ``rank`` of ``members`` that
         hold a row (found with a loose index scan: the cost follows busy lanes, not lanes)."""
-        cursor = await conn.execute(
-            self.queries["probe_share"], {"rank": rank, "members": max(members, 1)}
-        )
-        return _heads(await cursor.fetchall())
+        with translated(self.store, "probe the share"):
+            cursor = await conn.execute(
+                self.queries["probe_share"], {"rank": rank, "members": max(members, 1)}
+            )
+            return _heads(await cursor.fetchall())
 
     async def lock_and_read(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        conn: Connection,
         lanes: Sequence[int],
         member: str,
         token: UUID,
@@ -194,14 +188,14 @@ class RelayStore:
             if not tokens:
                 return tokens, _NO_ROWS
             rows = await read.fetchall()
-        except psycopg.Error as exc:
-            raise _trouble(self.store, "lock and read lanes", exc) from exc
+        except DRIVER_ERRORS as exc:
+            raise store_error(self.store, "lock and read lanes", exc) from exc
         if len(tokens) < len(lanes):
             # A lane this member holds but whose lock another of its batches has: not ours now.
             rows = [row for row in rows if row[0] in tokens]
         return tokens, LaneRows.from_rows(rows)
 
-    async def end_unchanged(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def end_unchanged(self, conn: Connection) -> None:
         """End a batch transaction that sent nothing: it commits, keeping the lease renewals of
         the lanes it locked (they are this member's lanes; nothing else was written).
 
@@ -211,16 +205,16 @@ class RelayStore:
         """
         try:
             await conn.commit()
-        except psycopg.Error as exc:
-            raise _trouble(self.store, "commit", exc) from exc
+        except DRIVER_ERRORS as exc:
+            raise store_error(self.store, "commit", exc) from exc
 
-    async def abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def abandon(self, conn: Connection) -> None:
         """Roll back after trouble; a connection in doubt is closed (the pool replaces it)."""
         await abandon(conn)
 
     async def record_outcomes(
         self,
-        conn: psycopg.AsyncConnection[Any],
+        conn: Connection,
         *,
         member: str,
         tokens: Mapping[int, UUID],
@@ -263,11 +257,11 @@ class RelayStore:
             async with conn.pipeline():
                 cursor = await conn.execute(self.queries["record_outcomes"], params)
                 await conn.commit()
-        except psycopg.Error as exc:
+        except DRIVER_ERRORS as exc:
             lost = _fence_lost(exc)
             if lost is not None:
                 raise FencedWriteError(lost) from exc
-            raise _trouble(self.store, "record outcomes", exc) from exc
+            raise store_error(self.store, "record outcomes", exc) from exc
         row = await cursor.fetchone()
         assert row is not None
         deleted, failed, gave_up, unparked, _ = row
@@ -295,22 +289,18 @@ def _heads(rows: Sequence[Sequence[Any]]) -> list[LaneHead]:
     ]
 
 
-async def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
+async def abandon(conn: Connection) -> None:
     """Roll back after trouble; a connection in doubt is closed (the pool replaces it)."""
     try:
         if conn.broken or conn.closed:
             return
         async with asyncio.timeout(2):
             await conn.rollback()
-    except (psycopg.Error, TimeoutError, OSError):
+    except DRIVER_ERRORS:  # TimeoutError (the rollback's bound) is an OSError
         await conn.close()
 
 
-def _trouble(store: StoreSettings, doing: str, exc: psycopg.Error) -> StoreError:
-    return StoreError(f"store {store.name!r}: {doing} failed: {redact(str(exc)).strip()}")
-
-
-def _fence_lost(exc: psycopg.Error) -> str | None:
+def _fence_lost(exc: Exception) -> str | None:
     """The fence's own words if ``exc`` is the outcome statement refusing to commit."""
     if not isinstance(exc, psycopg.errors.InvalidTextRepresentation):
         return None

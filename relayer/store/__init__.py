@@ -1,0 +1,47 @@
+"""The store gateway: every statement the relay, membership, unordered sending and maintenance
+run, and the connections they run on.
+
+Callers get frozen value objects and relayer errors only: psycopg, socket and pool errors are
+translated once, here, into StoreError (with redacted messages and the driver's error chained).
+
+- ``driver``: the connection type and the translation of driver errors;
+- ``connections``: the pool of transaction connections, autocommit sessions, LISTEN;
+- ``relay``: the ordered protocol's statements (membership, probes, lane batches);
+- ``unordered``: claiming and settling unordered rows;
+- ``maintenance``: retention and the health check.
+"""
+
+from relayer.store.connections import Connect, Notifications, Session, StorePool, listen
+from relayer.store.driver import Connection
+from relayer.store.maintenance import DroppedKey, MaintenanceStore
+from relayer.store.relay import (
+    FENCE_MARK,
+    LaneHead,
+    LaneRows,
+    Outcomes,
+    RelayStore,
+    RowFailure,
+    abandon,
+)
+from relayer.store.unordered import Claimed, Failure, UnorderedStore
+
+__all__ = [
+    "FENCE_MARK",
+    "Claimed",
+    "Connect",
+    "Connection",
+    "DroppedKey",
+    "Failure",
+    "LaneHead",
+    "LaneRows",
+    "MaintenanceStore",
+    "Notifications",
+    "Outcomes",
+    "RelayStore",
+    "RowFailure",
+    "Session",
+    "StorePool",
+    "UnorderedStore",
+    "abandon",
+    "listen",
+]

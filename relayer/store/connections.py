@@ -1,0 +1,184 @@
+"""The connections a worker keeps to a store, owned by the gateway so that no caller handles
+driver errors: a pool of transaction connections (lane batches, maintenance, after-commit
+dispatch), single autocommit sessions (heartbeats, probes) and the LISTEN connection.
+
+Each hands out a :data:`~relayer.store.driver.Connection` inside an ``async with`` block and
+raises StoreError, never a driver error, for trouble getting or using it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from relayer.connection import APPLICATION_NAME, connect
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+from relayer.store.driver import DRIVER_ERRORS, Connection, is_broken, store_error, translated
+
+Connect = Callable[[], Awaitable[Connection]]
+
+
+class StorePool:
+    """A pool of connections to one store, autocommit off, for transactions.
+
+    ``connection()`` lends one for a block; a PoolTimeout (no connection free within
+    ``timeout``), a closed pool or a driver error anywhere in the block is a StoreError.
+    """
+
+    def __init__(
+        self,
+        store: StoreSettings,
+        *,
+        purpose: str,
+        max_size: int,
+        timeout: float = 30.0,
+        options: str | None = None,
+    ) -> None:
+        self.store = store
+        self.purpose = purpose
+        kwargs: dict[str, Any] = {
+            "autocommit": False,
+            "application_name": f"{APPLICATION_NAME}:{store.name}:{purpose}"[:63],
+        }
+        if options is not None:
+            kwargs["options"] = options
+        self._pool: AsyncConnectionPool = AsyncConnectionPool(
+            store.require_dsn(),
+            min_size=1,
+            max_size=max_size,
+            open=False,
+            timeout=timeout,
+            kwargs=kwargs,
+            name=f"relayer-{store.name}-{purpose}",
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._pool.closed
+
+    @property
+    def max_size(self) -> int:
+        return self._pool.max_size
+
+    async def open(self, *, connections: int = 1, within: float = 30.0) -> None:
+        """Open the pool with ``connections`` ready (StoreError if they cannot be made
+        ``within`` that many seconds)."""
+        with translated(self.store, f"open the {self.purpose} connections"):
+            await self._pool.open(wait=True, timeout=within)
+            if connections != self._pool.min_size:
+                await self.resize(connections)
+                await self._pool.wait(timeout=within)
+
+    async def resize(self, connections: int) -> None:
+        """Keep ``connections`` open (at most ``max_size``)."""
+        with translated(self.store, f"resize the {self.purpose} connections"):
+            await self._pool.resize(min(max(connections, 1), self.max_size), self.max_size)
+
+    @asynccontextmanager
+    async def connection(
+        self, doing: str = "", *, wait: float | None = None
+    ) -> AsyncIterator[Connection]:
+        """A connection for one transaction, waiting at most ``wait`` seconds for one (default:
+        the pool's timeout); returned (rolled back if left open) at the end."""
+        try:
+            async with self._pool.connection(timeout=wait) as conn:
+                yield conn
+        except DRIVER_ERRORS as exc:
+            raise store_error(self.store, doing or f"a {self.purpose} connection", exc) from exc
+
+    async def close(self) -> None:
+        with translated(self.store, f"close the {self.purpose} connections"):
+            await self._pool.close()
+
+
+class Session:
+    """One autocommit connection to a store kept between uses: opened on first use, and closed
+    and forgotten after any failure in a use, so that the next use reconnects.
+
+    Uses take turns (``connection()`` holds a lock for its block). ``connect`` opens the
+    connection; by default an autocommit connection named after ``purpose``.
+    """
+
+    def __init__(
+        self, store: StoreSettings, connect: Connect | None = None, *, purpose: str = "control"
+    ) -> None:
+        self.store = store
+        self.purpose = purpose
+        self._connect = connect or self._open
+        self._conn: Connection | None = None
+        self._lock = asyncio.Lock()
+
+    async def _open(self) -> Connection:
+        return await connect(self.store, purpose=f"{self.store.name}:{self.purpose}")
+
+    @asynccontextmanager
+    async def connection(self, doing: str) -> AsyncIterator[Connection]:
+        async with self._lock:
+            try:
+                if is_broken(self._conn):
+                    self._conn = None
+                    with translated(self.store, f"{doing} (connecting)"):
+                        self._conn = await self._connect()
+                assert self._conn is not None
+                yield self._conn
+            except DRIVER_ERRORS as exc:
+                await self._forget()
+                raise store_error(self.store, doing, exc) from exc
+            except BaseException:
+                # A failed or interrupted statement can leave the connection busy or broken:
+                # the next use starts on a fresh one.
+                await self._forget()
+                raise
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the open connection, if any (tests and diagnostics)."""
+        return None if is_broken(self._conn) else self._conn.info.backend_pid  # type: ignore[union-attr]
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._forget()
+
+    async def _forget(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.closed:
+            with contextlib.suppress(*DRIVER_ERRORS):  # broken: nothing left to release
+                await conn.close()
+
+
+class Notifications:
+    """A LISTEN connection's notifications (see :func:`listen`)."""
+
+    def __init__(self, store: StoreSettings, conn: Connection) -> None:
+        self.store = store
+        self._conn = conn
+
+    async def next(self, wait: float) -> list[str]:
+        """The payloads of what arrived within ``wait`` seconds (at most one; none if nothing
+        came). StoreError when the connection is lost."""
+        with translated(self.store, "LISTEN"):
+            # Bounded waits instead of cancelling a pending read: a cancelled notifies()
+            # generator can keep the connection busy at close.
+            return [
+                notice.payload async for notice in self._conn.notifies(timeout=wait, stop_after=1)
+            ]
+
+
+@asynccontextmanager
+async def listen(store: StoreSettings) -> AsyncIterator[Notifications]:
+    """A connection of its own that LISTENs on ``store``'s notify channel for the block."""
+    with translated(store, "LISTEN"):
+        conn = await connect(store, purpose=f"{store.name}:listen")
+    try:
+        with translated(store, "LISTEN"):
+            await conn.execute(queries_for(store.names)["listen"])
+        yield Notifications(store, conn)
+    finally:
+        with contextlib.suppress(*DRIVER_ERRORS):  # lost already: nothing left to release
+            await conn.close()

@@ -1,0 +1,88 @@
+"""The statements of a store's maintenance (relayer.maintenance): retention passes under a task
+lock, dropping keys that waited too long for an operator, and the table health check.
+
+Statements live in ``relayer/sql/maintenance.sql`` and ``inbox.sql``; each method runs its own
+transaction(s) on ``conn`` (autocommit off) and raises StoreError for driver errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from relayer.health import StoreHealth, read_health
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+from relayer.store.driver import Connection, translated
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedKey:
+    """A parked key dropped by retention: its rows, head, attempts, error and wait."""
+
+    rows: int
+    head_id: object
+    attempts: int
+    error: str | None
+    waited_seconds: float
+
+
+class MaintenanceStore:
+    """The maintenance statements of one store."""
+
+    def __init__(self, store: StoreSettings) -> None:
+        self.store = store
+        self.queries = queries_for(store.names)
+
+    async def expire(
+        self, conn: Connection, query: str, lock: int, retention: timedelta, limit: int
+    ) -> int | None:
+        """One retention statement (``query``: ``inbox_expire``, ``inbox_keys_expire`` or
+        ``sequences_expire``) deleting at most ``limit`` rows older than ``retention``, in a
+        transaction holding the advisory lock ``lock``; None if another worker holds it."""
+        with translated(self.store, "apply retention"):
+            async with conn.transaction():
+                cursor = await conn.execute(self.queries["maintenance_try_lock"], {"key": lock})
+                locked = await cursor.fetchone()
+                if not (locked and locked[0]):
+                    return None
+                cursor = await conn.execute(
+                    self.queries[query], {"retention": retention, "limit": limit}
+                )
+            return cursor.rowcount
+
+    async def parked_expired(
+        self, conn: Connection, retention: timedelta, limit: int
+    ) -> list[tuple[str, int]]:
+        """Keys (with their lanes) that waited for an operator longer than ``retention``."""
+        with translated(self.store, "find expired parked keys"):
+            async with conn.transaction():
+                cursor = await conn.execute(
+                    self.queries["parked_expired"], {"retention": retention, "limit": limit}
+                )
+                return [(str(key), int(lane)) for key, lane in await cursor.fetchall()]
+
+    async def drop_expired_parked_key(
+        self, conn: Connection, key: str, lane: int, retention: timedelta
+    ) -> DroppedKey | None:
+        """Like ``relayer parked drop``: wait for a batch in flight on the lane, then drop the
+        key's rows if it still waits for an operator since ``retention`` (None otherwise)."""
+        with translated(self.store, "drop an expired parked key"):
+            async with conn.transaction():
+                await conn.execute(self.queries["lock_lane_for_operator"], {"lane": lane})
+                cursor = await conn.execute(
+                    self.queries["drop_expired_parked_key"], {"key": key, "retention": retention}
+                )
+                dropped = await cursor.fetchone()
+        if dropped is None:
+            return None
+        count, head, attempts, error, waited = dropped
+        return DroppedKey(int(count), head, int(attempts), error, float(waited))
+
+    async def health(self, conn: Connection) -> StoreHealth:
+        """The table health (relayer.health), read in a transaction rolled back after."""
+        with translated(self.store, "read the table health"):
+            try:
+                return await read_health(conn, self.store)
+            finally:
+                await conn.rollback()
