@@ -7,7 +7,9 @@ parsing error that names neither the variable nor what to write instead. Every `
 variable is walked along the settings' fields here: one that names no setting is refused with a
 suggestion, one that sets a whole section must be a JSON object.
 
-``RELAYER_CONFIG`` names the TOML file; ``RELAYER_TEST_*`` and ``RELAYER_BENCH_*`` belong to
+``RELAYER_CONFIG`` names the TOML file, ``RELAYER_DASHBOARD_TOKEN`` the dashboard's token and
+``RELAYER_SUPERVISOR_PID`` a worker process's parent; ``RELAYER_TEST_*`` and ``RELAYER_BENCH_*``
+belong to
 relayer's own test suite and benchmarks and are not settings.
 """
 
@@ -27,7 +29,9 @@ from relayer.redact import MASK, is_secret_name, redact
 
 PREFIX = "RELAYER_"
 DELIMITER = "__"
-NOT_SETTINGS = ("RELAYER_CONFIG",)
+# Read by commands themselves, not settings: the TOML file, the dashboard's token, and the
+# parent's pid that `relayer run --processes` gives its children.
+NOT_SETTINGS = ("RELAYER_CONFIG", "RELAYER_DASHBOARD_TOKEN", "RELAYER_SUPERVISOR_PID")
 RESERVED_PREFIXES = ("RELAYER_TEST_", "RELAYER_BENCH_")
 _PAIR = re.compile(r"\s*(?P<name>[A-Za-z0-9_.-]+)\s*=\s*(?P<value>[^=]*?)\s*")
 

@@ -2,7 +2,7 @@
 (no ``playwright install``: the system browser through ``executable_path``).
 
 Without chromium or Playwright these tests skip with the reason, except under CI, where they
-fail. ``RELAYER_TEST_CHROMIUM`` names another browser binary. With ``RELAYER_SCREENSHOTS=DIR``
+fail. ``RELAYER_TEST_CHROMIUM`` names another browser binary. With ``RELAYER_TEST_SCREENSHOTS=DIR``
 the tests write the documentation's screenshots (docs/images) to DIR.
 """
 
@@ -106,7 +106,7 @@ class Console:
 
 
 def screenshot_dir() -> Path | None:
-    target = os.environ.get("RELAYER_SCREENSHOTS")
+    target = os.environ.get("RELAYER_TEST_SCREENSHOTS")
     if not target:
         return None
     path = Path(target)

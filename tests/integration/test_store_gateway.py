@@ -64,7 +64,7 @@ async def test_a_killed_probe_connection_is_a_store_error_and_the_next_probe_rec
 ) -> None:
     prober = Prober(RelayStore(store))
     try:
-        assert await prober.heads(range(store.lanes)) == []
+        assert await prober.heads(0, 1) == []
         assert terminate(store, pid=prober.session.backend_pid) == 1
         with pytest.raises(StoreError) as raised:
             await prober.head(3)
