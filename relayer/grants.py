@@ -44,12 +44,13 @@ _TABLES: Mapping[Kind, Mapping[str, tuple[str, ...]]] = {
         "audit": ("SELECT", "INSERT"),  # every parked-key change is recorded (dashboard too)
     },
 }
+# The argument types of the dispatch claim function (migration 0005), which a GRANT names.
+CLAIM_SLOTS_ARGUMENTS = (
+    "boolean, boolean[], integer[], integer[], integer[], integer, integer[], integer[], "
+    "integer[], integer[]"
+)
 # The writer numbers each key's messages in this table when sequence_numbers is on.
 _SEQUENCES = ("SELECT", "INSERT", "UPDATE")
-TEMP_REASON = (
-    "the worker creates a temporary function (the dispatch layer's claim); without TEMP, "
-    "`relayer run` cannot send"
-)
 
 
 def statements(store: StoreSettings, kind: Kind, role: str) -> list[sql.Composed]:
@@ -62,12 +63,6 @@ def statements(store: StoreSettings, kind: Kind, role: str) -> list[sql.Composed
         found.append(
             sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(database), grantee)
         )
-        if kind == "worker":
-            found.append(
-                sql.SQL("GRANT TEMPORARY ON DATABASE {} TO {}").format(
-                    sql.Identifier(database), grantee
-                )
-            )
     found.append(
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(names.schema), grantee)
     )
@@ -82,14 +77,20 @@ def statements(store: StoreSettings, kind: Kind, role: str) -> list[sql.Composed
                 grantee,
             )
         )
+    if kind == "worker":
+        found.append(
+            sql.SQL("GRANT EXECUTE ON FUNCTION {}({}) TO {}").format(
+                sql.Identifier(names.schema, names.function("claim_slots")),
+                sql.SQL(CLAIM_SLOTS_ARGUMENTS),
+                grantee,
+            )
+        )
     return found
 
 
 def render(store: StoreSettings, kind: Kind, role: str) -> str:
     """The statements as a script for ``psql``, with a line saying what they are for."""
     lines = [f"-- {kind} of store {store.name!r} ({store.db_schema}.{store.table_prefix}*)"]
-    if kind == "worker":
-        lines.append(f"-- TEMPORARY: {TEMP_REASON}")
     if _database(store) is None:
         lines.append("-- and GRANT CONNECT ON DATABASE <the store's database> (its DSN names none)")
     lines.extend(statement.as_string(None) + ";" for statement in statements(store, kind, role))

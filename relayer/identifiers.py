@@ -41,7 +41,14 @@ INDEX_SUFFIXES: dict[str, str] = {
     "audit_key": "audit_key",
     "parked_since": "parked_since",
 }
-LONGEST_SUFFIX = max((*TABLE_SUFFIXES.values(), *INDEX_SUFFIXES.values()), key=len)
+# Every function relayer creates, by role; a version in the name lets two relayer versions
+# logic live side by side (a new version adds a new name).
+FUNCTION_SUFFIXES: dict[str, str] = {
+    "claim_slots": "claim_slots_v1",
+}
+LONGEST_SUFFIX = max(
+    (*TABLE_SUFFIXES.values(), *INDEX_SUFFIXES.values(), *FUNCTION_SUFFIXES.values()), key=len
+)
 
 
 def check_plain_identifier(field: str, value: object) -> str:
@@ -97,6 +104,9 @@ class StoreNames:
 
     def index(self, role: str) -> str:
         return self.prefix + INDEX_SUFFIXES[role]
+
+    def function(self, role: str) -> str:
+        return self.prefix + FUNCTION_SUFFIXES[role]
 
     @property
     def notify_channel(self) -> str:

@@ -29,6 +29,7 @@ from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 
 DISPATCH_SCHEMA_VERSION = 2  # the migration that created the queue tables (0002_dispatch)
+CLAIM_SCHEMA_VERSION = 5  # the migration that created the claim function (0005_claim_function)
 MAX_LIMIT = 2**31 - 1  # the queue table's integer column
 LIMIT_RULE = (
     f"must be an integer from 1 to {MAX_LIMIT:,}, or None ('none' on the command line) to "
@@ -80,18 +81,24 @@ def queue_lock_key(names: StoreNames, queue: str) -> int:
     return fnv1a_32(text.encode("utf-8")) & 0x7FFF_FFFF
 
 
-async def require_dispatch_schema(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> None:
-    """Refuse a store whose schema predates the queue tables (or was never applied)."""
+async def require_dispatch_schema(
+    conn: psycopg.AsyncConnection[Any],
+    store: StoreSettings,
+    version: int = DISPATCH_SCHEMA_VERSION,
+) -> None:
+    """Refuse a store whose schema predates the queue tables (or ``version``: the claim
+    function, for a dispatcher), or was never applied."""
     meta = await read_meta(conn, store.names)
     if meta is None:
         verify_meta(store, meta)  # raises SchemaNotAppliedError, saying what to run
         return
     where = f"in schema {store.db_schema!r} with prefix {store.table_prefix!r}"
-    if meta.schema_version < DISPATCH_SCHEMA_VERSION:
+    if meta.schema_version < version:
+        if version > DISPATCH_SCHEMA_VERSION:  # a dispatcher: the same words as the worker's
+            verify_meta(store, meta)
         raise SchemaNotAppliedError(
             f"store {store.name!r}: schema version {meta.schema_version} {where}; the queue "
-            f"tables need version {DISPATCH_SCHEMA_VERSION}: run "
-            f"`relayer schema apply {store.name}`"
+            f"tables need version {version}: run `relayer schema apply {store.name}`"
         )
 
 

@@ -7,7 +7,7 @@ across the cluster at any moment; a lock disappears when its job finishes (unloc
 the holder's connection dies (process killed, host gone), with no sweep and no stale count.
 
 A pass is one statement: it reads the pause flags and limits of every queue of the pass and
-calls a PL/pgSQL function created in the connection's ``pg_temp``, which unlocks finished slots
+calls the store's PL/pgSQL claim function (migration 0005), which unlocks finished slots
 and walks the planner's order taking slots until the budget is spent. Queues without a limit
 take no lock. Every lock the function takes comes back as a row, so none is taken and then
 lost; if a call fails half-way, the connection's own locks are compared with the ones it should
@@ -36,7 +36,11 @@ from relayer.dispatch.cluster import (
     QueueGate,
     Slot,
 )
-from relayer.dispatch.control import queue_lock_key, require_dispatch_schema
+from relayer.dispatch.control import (
+    CLAIM_SCHEMA_VERSION,
+    queue_lock_key,
+    require_dispatch_schema,
+)
 from relayer.errors import DispatchError, RelayerError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
@@ -203,8 +207,7 @@ class PostgresClusterState:
         self._forget_connection()
         conn = await self._connector()
         try:
-            await require_dispatch_schema(conn, self.store)
-            await conn.execute(self._queries["queue_claim_function"])
+            await require_dispatch_schema(conn, self.store, CLAIM_SCHEMA_VERSION)
         except BaseException:
             await conn.close()
             raise

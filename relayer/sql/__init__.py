@@ -20,7 +20,7 @@ from typing import LiteralString
 
 from psycopg import sql
 
-from relayer.identifiers import INDEX_SUFFIXES, TABLE_SUFFIXES, StoreNames
+from relayer.identifiers import FUNCTION_SUFFIXES, INDEX_SUFFIXES, TABLE_SUFFIXES, StoreNames
 
 _HEADER = re.compile(r"^-- name: (?P<name>[a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -90,8 +90,8 @@ def _named_texts() -> dict[str, str]:
 
 
 def identifiers(names: StoreNames) -> dict[str, sql.Composable]:
-    """The placeholder values for a store: ``{schema}``, every table, every index and the
-    ``{channel}`` writers NOTIFY."""
+    """The placeholder values for a store: ``{schema}``, every table, index and function, and
+    the ``{channel}`` writers NOTIFY."""
     values: dict[str, sql.Composable] = {
         "schema": sql.Identifier(names.schema),
         "channel": sql.Identifier(names.notify_channel),
@@ -101,6 +101,8 @@ def identifiers(names: StoreNames) -> dict[str, sql.Composable]:
     for role in INDEX_SUFFIXES:
         # CREATE INDEX takes an unqualified name: the index lives in its table's schema.
         values[role] = sql.Identifier(names.index(role))
+    for role in FUNCTION_SUFFIXES:
+        values[role] = sql.Identifier(names.schema, names.function(role))
     return values
 
 

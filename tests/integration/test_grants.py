@@ -133,11 +133,6 @@ async def test_the_worker_relays_with_its_grants(
     assert pending(owner_store) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the fence check without TEMP (lead's hot path change), and the dispatch "
-    "claim function without TEMP",
-)
 async def test_the_worker_relays_without_temp(
     owner_store: StoreSettings, role_of: RoleMaker
 ) -> None:
