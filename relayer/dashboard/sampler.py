@@ -45,7 +45,8 @@ class MemberView:
     since: datetime
     heartbeat: datetime
     heartbeat_age: float
-    lanes: int
+    lanes: int  # leased right now
+    owned: int = 0  # its share: lanes with lane % members == rank (the heartbeat's ranking)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +253,7 @@ class StoreSampler:
         stalled = self._stalled(candidates, time.monotonic(), stall_after)
         lanes_map = lane_map(store.lanes, lane_row, stalled)
         owned = _owned_lanes(lanes_map)
+        live = len(member_rows)
         members = tuple(
             MemberView(
                 instance=str(instance),
@@ -260,8 +262,10 @@ class StoreSampler:
                 heartbeat=renewed,
                 heartbeat_age=float(age),
                 lanes=owned.get(str(instance), 0),
+                # Rows come in the database's order of owners, the heartbeat's rank order.
+                owned=len(range(rank, store.lanes, live)),
             )
-            for instance, since, renewed, _expires, age in member_rows
+            for rank, (instance, since, renewed, _expires, age) in enumerate(member_rows)
         )
         parked_keys, operator = int(parked_row[0]), int(parked_row[1])
         if counters is not None:

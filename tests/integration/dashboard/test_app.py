@@ -341,3 +341,25 @@ async def test_apply_schema_creates_the_audit_table(pg_dsn: str) -> None:
     await apply_schema(store)
     async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
         assert await parked.has_audit_table(conn, store)
+
+
+def test_members_show_the_lanes_their_share_owns_even_when_idle(store: StoreSettings) -> None:
+    """Two live members of a 16-lane store own 8 lanes each by the heartbeat's ranking, though
+    neither holds a lease yet (an idle worker renews no lane)."""
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
+        for member in ("member-a", "member-b"):
+            conn.execute(
+                f"INSERT INTO {store.table_prefix}leases (name, owner, token, expires_at) "
+                "VALUES (%s, %s, gen_random_uuid(), now() + interval '1 hour')",
+                (f"member:{member}", member),
+            )
+    for client in client_for(store, token=False):
+        sampler = client.app.state.dashboard.contexts[store.name].sampler  # type: ignore[attr-defined]
+        snapshot = sampler.snapshot
+        assert snapshot is not None
+        assert [(member.instance, member.owned, member.lanes) for member in snapshot.members] == [
+            ("member-a", 8, 0),
+            ("member-b", 8, 0),
+        ]
+        page = client.get("/s/orders/overview").text
+        assert "Lanes owned" in page
