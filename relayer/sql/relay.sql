@@ -112,13 +112,6 @@ JOIN LATERAL (
 LEFT JOIN {leases} AS s ON s.lane = l.lane
 WHERE %(rank)s >= 0 AND l.lane %% %(members)s = %(rank)s
 
--- name: batch_settings
--- For the batch transaction only. A lane's rows are inserted and deleted all day: an ordered
--- index scan marks the index entries of deleted rows dead as it passes them (later scans skip
--- them), a bitmap scan does not, so each read would walk every row the lane lost since the
--- last vacuum. Measured on a busy lane: about a fifth less database CPU per batch without them.
-SET LOCAL enable_bitmapscan = off
-
 -- name: lock_lanes
 -- Take, renew or keep the leases of a group of lanes and lock their rows for the whole batch.
 -- Never waits: a lease row locked by another transaction (a batch still in flight, even past

@@ -181,7 +181,6 @@ class RelayStore:
         # holder of a lane committed just before.
         try:
             async with conn.pipeline():
-                await conn.execute(self.queries["batch_settings"])
                 locked = await conn.execute(self.queries["lock_lanes"], params)
                 read = await conn.execute(self.queries["read_batch"], params, binary=True)
             tokens = {int(lane): lane_token for lane, lane_token in await locked.fetchall()}
