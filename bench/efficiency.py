@@ -68,7 +68,7 @@ from bench.efficiency_processes import (
     transport_options,
     write_config,
 )
-from bench.efficiency_steady import LABELS, SETTLE, idle, steady
+from bench.efficiency_steady import LABELS, idle, steady
 from bench.relay import applied, make_store, write_backlog
 from bench.transport_bare import kafka_cluster
 from relayer.redact import redact
@@ -418,7 +418,13 @@ async def print_lanes(results: dict[str, Row], environment: Environment) -> None
     print()
     print(
         f"Lanes: drain rate against {DEFAULT_LANES} lanes, and an idle worker (empty outbox, "
-        f"{arguments.idle_seconds:g} s after it served for {SETTLE:g} s):"
+        f"over {arguments.idle_seconds:g} s, from "
+        + (
+            f"{arguments.idle_settle:g} s after it served"
+            if arguments.idle_settle is not None
+            else "lease/3 + 2 s after it served, past its joining heartbeats"
+        )
+        + "):"
     )
     for transport in arguments.transports:
         base = results[f"relay {transport} {DEFAULT_LANES}"]
@@ -503,6 +509,13 @@ def main() -> None:
         help=f"lane counts to drain and idle with besides {DEFAULT_LANES} (e.g. 65536)",
     )
     parser.add_argument("--idle-seconds", type=bounded(float, 0.5), default=10.0)
+    parser.add_argument(
+        "--idle-settle",
+        type=bounded(float, 0.0),
+        default=None,
+        help="seconds after the worker serves before the idle window (default: lease/3 + 2, "
+        "past the joining member's one-second heartbeats)",
+    )
     parser.add_argument(
         "--steady",
         action=argparse.BooleanOptionalAction,

@@ -33,7 +33,7 @@ from bench.relay import applied, make_store
 
 WARM_UP = 5.0  # seconds of writing before the measured window opens
 ACK_SAMPLE = 4  # one message in this many gets an acknowledgement time
-SETTLE = 2.0  # idle mode: seconds after "serving" before the window opens
+SETTLE = 2.0  # the least wait after "serving" before the idle window opens
 
 LABELS = {"kafka": "Kafka", "rabbitmq": "RabbitMQ", "memory": "memory"}
 
@@ -204,6 +204,16 @@ def print_steady(
     )
 
 
+def idle_settle(environment: Environment, store: Any) -> float:
+    """Seconds after "serving" before the idle window opens: by default past the first
+    lease/3, during which a joining member beats every second (so that workers started together
+    agree on their shares at once), so that the window shows a worker that has been idle."""
+    chosen: float | None = environment.arguments.idle_settle
+    if chosen is not None:
+        return chosen
+    return max(SETTLE, store.lease_duration.total_seconds() / 3 + SETTLE)
+
+
 async def idle(environment: Environment, transport: str, lanes: int) -> tuple[float, float]:
     """% of a core (worker process, its PG sessions) of a worker serving ``lanes`` lanes of an
     empty outbox, over ``--idle-seconds``."""
@@ -222,7 +232,7 @@ async def idle(environment: Environment, transport: str, lanes: int) -> tuple[fl
             await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
             cli_worker(config, store, folder) as worker,
         ):
-            await asyncio.sleep(SETTLE)
+            await asyncio.sleep(idle_settle(environment, store))
             meter = Meter({"worker": worker.pid}, {"backends": backends_of(monitor, store.name)})
             await meter.start()
             await asyncio.sleep(environment.arguments.idle_seconds)
