@@ -111,8 +111,11 @@ class BatchSender:
         self._stopped_keys: set[str] = set()
         # Transports found unreachable in this batch (-> their error): their rows wait.
         self._down: dict[str, str] = {}
-        # Per transport name of this batch: the transport, or why its rows cannot be sent.
+        # Per transport name of this batch: the transport, or why its rows cannot be sent; what
+        # its rows are handed to; whether some name could not be resolved.
         self._transports: dict[str | None, Transport | str] = {}
+        self._publishers: dict[str | None, BatchPublisher] = {}
+        self._unresolved = False
         # Row -> the next row of its key, published once the row is acknowledged.
         self._waiting: dict[int, int] = {}
         self._ready: list[int] = []
@@ -166,9 +169,13 @@ class BatchSender:
         )
         for name in set(names):
             try:
-                self._transports[name] = self.resolve(name)
+                resolved = self.resolve(name)
             except PreparationError as exc:
                 self._transports[name] = str(exc)
+                self._unresolved = True
+                continue
+            self._transports[name] = resolved
+            self._publishers[name] = publisher_of(resolved)
         single = len(self._transports) == 1
         pairs = (
             {(names[0], destination) for destination in set(destinations)}
@@ -252,7 +259,7 @@ class BatchSender:
         """Hand every ready row to its transport, in id order, one call per transport."""
         ready = sorted(self._ready)
         self._ready = []
-        if self._stopped_keys or self._unusable or self._down or self._unresolved():
+        if self._stopped_keys or self._unusable or self._down or self._unresolved:
             keys = self.rows.batch.keys
             stopped = self._stopped_keys
             ready = [
@@ -275,15 +282,12 @@ class BatchSender:
             self.report.cut_short = True
             self.admit_until = self.clock()
 
-    def _unresolved(self) -> bool:
-        return any(isinstance(transport, str) for transport in self._transports.values())
-
     async def _publish_to(self, name: str | None, indexes: list[int]) -> None:
         transport = self._transports[name]
         assert not isinstance(transport, str)  # such rows were refused before
         keys = self.rows.batch.keys
         stopped = self._stopped_keys
-        publisher = publisher_of(transport)
+        publisher = self._publishers[name]
         while indexes:
             if stopped:
                 indexes = [index for index in indexes if keys[index] not in stopped]
