@@ -35,6 +35,7 @@ from psycopg.pq import TransactionStatus
 
 from relayer.errors import StoreError, UsageError
 from relayer.store import StorePool
+from relayer.throttle import ThrottledLog
 from relayer.transactions import transaction_owner, transaction_status
 from relayer.transports.base import Transport
 from relayer.unordered import UnorderedResult, UnorderedSender
@@ -106,6 +107,8 @@ class UnorderedDispatcher:
         # Rows this dispatcher sent and failed attempts, since it was made (for your metrics).
         self.sent = 0
         self.failed = 0
+        # While the database is down every commit's dispatch fails alike: one line per cause.
+        self._log = ThrottledLog(logger)
         outbox.on_unordered = self.pending.add
 
     def __repr__(self) -> str:
@@ -193,7 +196,8 @@ class UnorderedDispatcher:
                 self.failed += result.failed
             except StoreError as exc:
                 detail = str(exc)
-                logger.warning(
+                self._log.warning(
+                    ("unordered_unavailable",),
                     "store %s: cannot dispatch %s unordered rows after commit (%s); the workers "
                     "recover them after unordered_grace",
                     self.store.name,

@@ -3,7 +3,8 @@
 Library modules only call ``logging.getLogger(__name__)`` with lazy arguments and structured
 extras; only the CLI (or the embedding application) configures handlers. The structured fields
 are a small vocabulary: ``action``, ``store``, ``lane``, ``batch``, ``member``, ``queue``,
-``key``, ``rows``, ``error``; docs/observability.md lists every ``action`` value. An embedding
+``key``, ``rows``, ``error``, ``suppressed`` (lines of the same cause held back, see
+relayer.throttle); docs/observability.md lists every ``action`` value. An embedding
 application can reuse ``RedactingFilter`` and ``JsonFormatter`` on its own handlers.
 """
 
@@ -17,8 +18,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relayer.redact import MASK, is_secret_name, redact
+from relayer.throttle import ForeignLogFilter
 
-FIELDS = ("action", "store", "lane", "batch", "member", "queue", "key", "rows", "error")
+FIELDS = (
+    "action",
+    "store",
+    "lane",
+    "batch",
+    "member",
+    "queue",
+    "key",
+    "rows",
+    "error",
+    "suppressed",
+)
 
 # A quoted name and a quoted value, as in a dict repr, JSON or a tuple: 'sasl.password': 'x'.
 _QUOTED_PAIR = re.compile(
@@ -102,6 +115,7 @@ class TextFormatter(logging.Formatter):
 def configure(level: str = "INFO", log_format: str = "text") -> None:
     """Send relayer's logs to stderr in the chosen format (called by the CLI only)."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ForeignLogFilter())  # first: the redacting filter sees what it added
     handler.addFilter(RedactingFilter())
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
@@ -110,3 +124,6 @@ def configure(level: str = "INFO", log_format: str = "text") -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("relayer").setLevel(level)
+    # aiormq warns, with a traceback, each time a connection drops; the RabbitMQ transport
+    # fails the messages and the worker says so once per interval (transport_unavailable).
+    logging.getLogger("aiormq").setLevel(logging.ERROR)

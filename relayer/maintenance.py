@@ -28,6 +28,7 @@ from relayer.errors import StoreError
 from relayer.lanes import fnv1a_32
 from relayer.settings import StoreSettings
 from relayer.store import Connection, MaintenanceStore, StorePool
+from relayer.throttle import ThrottledLog, shape
 from relayer.transports.base import Transport
 from relayer.unordered import UnorderedSender
 
@@ -170,6 +171,8 @@ class Maintenance:
         self.recovered = 0
         self.recovery_failed = 0
         self.last_cleanup: CleanupReport | None = None
+        # After an outage, recovery sends batch after batch, and a task fails every retry.
+        self.log = ThrottledLog(logger)
 
     def start(self) -> None:
         """Schedule every task now (the cleanup checks for a leader when it runs)."""
@@ -186,7 +189,8 @@ class Maintenance:
             else:
                 next_in = await self._cleanup()
         except StoreError as exc:  # the gateway's, with a redacted message
-            logger.warning(
+            self.log.warning(
+                ("maintenance_failed", task, shape(str(exc))),
                 "store %s: maintenance task %s failed: %s; retrying in %.0f s",
                 self.store.name,
                 task.name.lower(),
@@ -203,7 +207,8 @@ class Maintenance:
         self.recovered += result.sent
         self.recovery_failed += result.failed
         if result.sent:
-            logger.info(
+            self.log.info(
+                ("unordered_recovered",),
                 "store %s: recovered %s unordered rows",
                 self.store.name,
                 result.sent,

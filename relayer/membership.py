@@ -22,6 +22,7 @@ from collections.abc import Callable
 from relayer.errors import StoreError
 from relayer.settings import StoreSettings
 from relayer.store import Connect, RelayStore, Session
+from relayer.throttle import ThrottledLog
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class Membership:
         self.last_beat: float | None = None
         self.interval = store.lease_duration.total_seconds() / 3
         self.joined = asyncio.Event()
+        # Heartbeats are retried every second while the database is down: one line per cause.
+        self.log = ThrottledLog(logger)
 
     async def beat(self) -> None:
         """One heartbeat: renew, learn the live members, recompute and apply the share."""
@@ -146,7 +149,8 @@ class Membership:
             except StoreError as exc:
                 delay = min(self.interval, 1.0)
                 await self.session.close()
-                logger.warning(
+                self.log.warning(
+                    ("heartbeat_failed",),
                     "heartbeat of %s failed: %s; retrying in %.0f s (it stops sending if no "
                     "heartbeat succeeds for a lease)",
                     self.member,

@@ -30,6 +30,7 @@ from relayer.errors import RelayerError, StoreError, UsageError, install_command
 from relayer.redact import redact
 from relayer.relay import Scan
 from relayer.sql import queries_for
+from relayer.throttle import ThrottledLog, shape
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -194,6 +195,7 @@ class WorkerMetrics:
         self.registry.register(_Collector(self))
         self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
         self._server: asyncio.Server | None = None
+        self._log = ThrottledLog(logger)
 
     def render(self) -> bytes:
         """The text exposition of every metric (call it on the worker's event loop)."""
@@ -242,7 +244,8 @@ class WorkerMetrics:
             except (psycopg.Error, OSError, StoreError) as exc:
                 self.refresh_errors[name] += 1
                 await self._drop(name)
-                logger.warning(
+                self._log.warning(
+                    (name, shape(redact(str(exc)))),
                     "metrics: reading the backlog of store %s failed: %s",
                     name,
                     redact(str(exc)),

@@ -31,6 +31,7 @@ from relayer.errors import StoreError, TransportError
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.store import Claimed, Connection, Failure, UnorderedStore, abandon
+from relayer.throttle import ThrottledLog, shape
 from relayer.transports.base import SendError, Transport
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class UnorderedSender:
         lease = store.lease_duration.total_seconds()
         self.deadline = lease / 2
         self.commit_reserve = lease / 8
+        # A broker or database that is down fails every pass alike: one line per cause.
+        self.log = ThrottledLog(logger)
 
     async def send_ids(self, conn: Connection, ids: Sequence[UUID]) -> UnorderedResult:
         """Send the rows with these ids that exist, are due and are not held by another sender."""
@@ -103,7 +106,8 @@ class UnorderedSender:
         except (TimeoutError, StoreError) as exc:  # FencedWriteError is a StoreError
             await abandon(conn)
             detail = "deadline passed" if isinstance(exc, TimeoutError) else redact(str(exc))
-            logger.warning(
+            self.log.warning(
+                ("unordered_rollback", shape(detail)),
                 "store %s: unordered batch of %s rows rolled back (%s); they are sent again later",
                 self.store.name,
                 claimed,
@@ -138,12 +142,14 @@ class UnorderedSender:
             except Exception as exc:  # a plug-in's bug fails this row only
                 report.failures.append(Failure(message.id, f"{type(exc).__name__}: {exc}"))
                 continue
-            in_flight[asyncio.ensure_future(acknowledgement)] = message.id
+            future: asyncio.Future[None] = asyncio.ensure_future(acknowledgement)
+            # Left behind when the deadline strikes or the worker stops (the row is sent
+            # again): its outcome must still be retrieved, or asyncio reports each one.
+            future.add_done_callback(_retrieve)
+            in_flight[future] = message.id
         if not in_flight:
             return report
         done, late = await asyncio.wait(in_flight, timeout=max(wait_until - time.monotonic(), 0))
-        for future in late:
-            future.add_done_callback(_retrieve)
         report.unresolved = len(late)
         for future in done:
             message_id = in_flight[future]
@@ -177,7 +183,8 @@ class UnorderedSender:
 
     def _log(self, report: _Report) -> None:
         if report.failures:
-            logger.warning(
+            self.log.warning(
+                ("unordered_failed", shape(report.failures[0].error)),
                 "store %s: %s unordered rows failed and are retried later; first error: %s",
                 self.store.name,
                 len(report.failures),
@@ -190,7 +197,8 @@ class UnorderedSender:
                 },
             )
         if report.unavailable:
-            logger.warning(
+            self.log.warning(
+                ("unordered_unavailable", shape(report.unavailable)),
                 "store %s: broker unreachable (%s); unordered rows are left for recovery",
                 self.store.name,
                 report.unavailable,
@@ -199,7 +207,5 @@ class UnorderedSender:
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
-    # An acknowledgement that arrives after the deadline is not used; retrieving its outcome
-    # keeps asyncio from reporting an exception that was never looked at.
     if not future.cancelled():
         future.exception()

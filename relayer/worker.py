@@ -40,6 +40,7 @@ from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_hi
 from relayer.relay import Coalescer, LaneRelay, Prober, Scan, ScanResult
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store import RelayStore, Session, StorePool, listen
+from relayer.throttle import ThrottledLog, shape
 from relayer.tracing import RelayTracer, relay_tracer
 from relayer.transports.base import Transport
 
@@ -127,6 +128,8 @@ class StoreRuntime:
             store, self.transports, self.pool, now, leader=lambda: 0 in self.membership.lanes
         )
         self.stats = StoreStats()
+        # A database or broker that is down fails every lane alike: one line per cause.
+        self.log = ThrottledLog(logger)
         self._waking: asyncio.Future[None] | None = None
         self._resize: asyncio.Future[None] | None = None
         self._releasing: asyncio.Future[None] | None = None
@@ -225,7 +228,8 @@ class StoreRuntime:
             result = await self._scan(lane)
         except StoreError as exc:  # a probe or a pooled connection failed
             detail = str(exc)
-            logger.warning(
+            self.log.warning(
+                ("scan_failed", shape(detail)),
                 "lane %s of store %s: %s; retrying in %.1f s",
                 lane,
                 self.store.name,
@@ -235,7 +239,17 @@ class StoreRuntime:
             )
             result = ScanResult(lane, Scan.FAILED, self.relay.backoff, detail=detail)
         self.stats.record(result)
-        if result.scan is Scan.SENT and result.sent:
+        if result.scan is Scan.UNAVAILABLE:
+            self.log.warning(
+                ("unavailable", shape(result.detail)),
+                "store %s: rows wait for a broker that cannot be used now: %s (no attempt is "
+                "counted; lanes are retried every %.1f s)",
+                self.store.name,
+                result.detail,
+                self.relay.backoff,
+                extra={"action": "transport_unavailable", "store": self.store.name, "lane": lane},
+            )
+        elif result.scan is Scan.SENT and result.sent:
             logger.debug(
                 "lane %s: sent %s",
                 lane,
@@ -290,7 +304,8 @@ class StoreRuntime:
                         for payload in await notifications.next(LISTEN_WAIT):
                             self.woken(payload)
             except StoreError as exc:
-                logger.warning(
+                self.log.warning(
+                    ("listen_lost",),
                     "LISTEN on store %s lost: %s; polling every poll_interval until it is back",
                     self.store.name,
                     exc,
@@ -326,6 +341,9 @@ class StoreRuntime:
                 await self._waking
         await self.prober.close()
         await self.pool.close()
+        logs = (self.log, self.relay.log, self.membership.log, self.maintenance.log)
+        for log in (*logs, self.maintenance.sender.log):
+            log.flush()
 
 
 class Worker:

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from relayer.errors import DispatchError
+from relayer.throttle import ThrottledLog
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class RoutedClusterState:
     ) -> None:
         self._routes = dict(routes)
         self._default = default
+        self._log = ThrottledLog(logger)
 
     def gate_for(self, queue: str) -> ClusterState | None:
         return self._routes.get(queue, self._default)
@@ -138,7 +140,8 @@ class RoutedClusterState:
             try:
                 result = await gate.acquire(sub)
             except DispatchError as exc:
-                logger.warning(
+                self._log.warning(
+                    ("cluster_state_unavailable", sub.queues),
                     "dispatch: cannot reach the cluster state of queues %s: %s",
                     ", ".join(sub.queues),
                     exc,

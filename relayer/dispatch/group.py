@@ -36,6 +36,7 @@ from relayer.dispatch.policies import (
 from relayer.dispatch.queue import Job, JobSource, KeyT
 from relayer.dispatch.telemetry import PassReport, QueueTelemetry, snapshot
 from relayer.errors import DispatchError, UsageError
+from relayer.throttle import ThrottledLog
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class WorkerGroup(Generic[KeyT]):
         self._last: PassReport | None = None
         self._pass_waiters: list[asyncio.Future[PassReport]] = []
         self._spawn: Callable[[Coroutine[Any, Any, None]], object] | None = None
+        self._log = ThrottledLog(logger)
 
     def __repr__(self) -> str:
         return f"WorkerGroup({self.name!r}, {self.policy!r}, pool_size={self.pool_size})"
@@ -219,7 +221,8 @@ class WorkerGroup(Generic[KeyT]):
         try:
             return await self._cluster.acquire(request)
         except DispatchError as exc:
-            logger.warning(
+            self._log.warning(
+                ("cluster_state_unavailable",),
                 "dispatch: group %r cannot ask the cluster state, retrying in %ss: %s",
                 self.name,
                 self.recheck_interval,

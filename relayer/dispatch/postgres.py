@@ -44,6 +44,7 @@ from relayer.dispatch.control import (
 from relayer.errors import DispatchError, RelayerError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.throttle import ThrottledLog, shape
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class PostgresClusterState:
         self._held: set[tuple[int, int]] = set()
         self._pending: list[tuple[int, int]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        # While the database is down every pass reconnects: one line per cause.
+        self._log = ThrottledLog(logger)
 
     def __repr__(self) -> str:
         return f"PostgresClusterState(store={self.store.name!r}, held={len(self._held)})"
@@ -216,7 +219,8 @@ class PostgresClusterState:
 
     def _forget_connection(self) -> None:
         if self._held:
-            logger.warning(
+            self._log.warning(
+                ("slots_lost",),
                 "dispatch: store %r lost its dispatcher connection while holding %d slot(s); "
                 "their jobs keep running but other processes may take the slots",
                 self.store.name,
@@ -245,7 +249,8 @@ class PostgresClusterState:
                 return
             except psycopg.Error:
                 pass
-        logger.warning(
+        self._log.warning(
+            ("dispatcher_reconnect", shape(str(exc))),
             "dispatch: store %r: dispatcher connection failed (%s); reconnecting",
             self.store.name,
             exc,

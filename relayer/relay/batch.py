@@ -26,6 +26,7 @@ from relayer.errors import FencedWriteError, StoreError
 from relayer.relay.pipeline import IN_FLIGHT, UNSENT, SendReport, send_batch
 from relayer.settings import StoreSettings
 from relayer.store import Connection, LaneHead, LaneRows, RelayStore, RowFailure
+from relayer.throttle import ThrottledLog, shape
 from relayer.transports.base import Transport
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ class LaneRelay:
         # After database or broker trouble (not a row's fault): retry soon, whatever the
         # parked keys' backoff is.
         self.backoff = min(store.retry_backoff.total_seconds(), lease / 3)
+        # While the database or a broker is down every lane fails alike: one line per cause.
+        self.log = ThrottledLog(logger)
 
     def after_probe(self, head: LaneHead) -> ScanResult | None:
         """The result of a scan the probe already decided, or None if the lane must be sent."""
@@ -144,11 +147,13 @@ class LaneRelay:
         except (StoreError, FencedWriteError) as exc:
             await self.db.abandon(conn)
             detail = str(exc)
-            logger.warning(
-                "lane %s of store %s rolled back: %s",
+            self.log.warning(
+                ("rollback", shape(detail)),
+                "lane %s of store %s rolled back: %s; its rows stay in the outbox and are sent "
+                "again",
                 ", ".join(str(lane) for lane in lanes),
                 self.store.name,
-                exc,
+                detail,
                 extra={"action": "rollback", "store": self.store.name, "lane": lanes[0]},
             )
         return [ScanResult(lane, Scan.FAILED, self.backoff, detail=detail) for lane in lanes]
@@ -338,7 +343,8 @@ class LaneRelay:
         key_of = {ids[index]: keys[index] for index in range(len(rows))} if failures else {}
         for failure in failures:
             key = key_of.get(failure.id)
-            logger.warning(
+            self.log.warning(
+                ("park", shape(failure.error)),
                 "key %r parked: %s",
                 key,
                 failure.error,
@@ -351,7 +357,8 @@ class LaneRelay:
                 },
             )
         for lane in sorted(set(gave_up)):
-            logger.error(
+            self.log.error(
+                ("give_up",),
                 "%s key(s) reached max_attempts=%s and wait for an operator "
                 "(relayer parked redrive|drop %s)",
                 gave_up.count(lane),

@@ -230,6 +230,18 @@ class PerMessage:
         return len(indexes)
 
 
+def fail_quietly(future: asyncio.Future[None], error: BaseException) -> None:
+    """Fail ``future`` with ``error``, without asyncio's "Future exception was never retrieved"
+    report should its caller have dropped it.
+
+    A caller drops an acknowledgement when it gave up on the message (a batch deadline, a
+    stopping worker); the row is still in the outbox and is sent again, so the failure is no
+    news. A caller that awaits the future still gets the exception.
+    """
+    future.set_exception(error)
+    future.exception()  # marks it retrieved
+
+
 def _settle_from(settle: Settle, index: int, future: asyncio.Future[None]) -> None:
     if future.cancelled():
         settle(index, asyncio.CancelledError())

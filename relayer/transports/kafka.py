@@ -10,6 +10,11 @@ cover that timeout). ``allow.auto.create.topics`` defaults to false: a missing t
 error that says so, not a topic silently created with the broker's defaults.
 Relayer's own options: ``close_timeout`` and ``metadata_timeout`` (seconds).
 
+librdkafka's errors and log lines are logged under the transport's path
+(``stores.<store>.transports.<name>``), at most once per cause per interval (relayer.throttle);
+the warning that ``enable.gapless.guarantee`` is experimental is dropped (relayer sets it on
+purpose) and connection failures are logged once, from the error callback.
+
 The ordering key becomes the Kafka key; the outbox id and the key are also sent as the headers
 ``relayer-message-id`` and ``relayer-ordering-key``, so consumers read them the same way from
 every transport. One background thread polls the producer; delivery reports are collected per
@@ -31,6 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relayer.errors import TransportError
 from relayer.redact import redact, redact_mapping
+from relayer.throttle import ThrottledLog
 from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,
@@ -40,7 +46,9 @@ from relayer.transports.base import (
     SendError,
     Settle,
     TransportUnavailableError,
+    fail_quietly,
 )
+from relayer.transports.kafka_log import LibrdkafkaLog, error_hint
 from relayer.transports.kafka_rules import (
     check_config,
     delivery_error,
@@ -88,8 +96,14 @@ class KafkaTransport:
         metadata_timeout: float = 10.0,
         stall_timeout: float | None = None,
         producer_factory: ProducerFactory | None = None,
+        store: str | None = None,
     ) -> None:
+        """``store``: the store this transport serves, to name it in log lines."""
         self._name = name
+        self._store = store
+        self._path = f"stores.{store}.transports.{name}" if store else f"Kafka transport {name}"
+        self._log = ThrottledLog(logger)
+        self._librdkafka = LibrdkafkaLog(self._path, store)
         # No delivery report at all for this long while messages wait: the producer is stuck
         # (seen after a broker lost its producer ids: librdkafka bumps the epoch forever).
         deadline = batch_deadline.total_seconds() if batch_deadline is not None else 0.0
@@ -122,7 +136,12 @@ class KafkaTransport:
 
     @classmethod
     def from_options(
-        cls, name: str, options: Mapping[str, Any], *, batch_deadline: timedelta | None = None
+        cls,
+        name: str,
+        options: Mapping[str, Any],
+        *,
+        batch_deadline: timedelta | None = None,
+        store: str | None = None,
     ) -> KafkaTransport:
         """The ``kafka`` factory: librdkafka settings plus relayer's two timeouts."""
         reader = Options(options)
@@ -137,6 +156,7 @@ class KafkaTransport:
             close_timeout=close_timeout,
             metadata_timeout=metadata_timeout,
             stall_timeout=stall,
+            store=store,
         )
 
     def __repr__(self) -> str:
@@ -167,15 +187,15 @@ class KafkaTransport:
         except KafkaException as exc:
             await self.close()
             raise TransportError(
-                f"Kafka transport {self._name!r} cannot reach the cluster at "
+                f"{self._path} cannot reach the cluster at "
                 f"{self._shown.get('bootstrap.servers')!r} within {self._metadata_timeout:g} s: "
                 f"{_text(exc)}; check bootstrap.servers, the network and the security settings"
             ) from exc
         logger.info(
-            "Kafka transport %s connected to %s",
-            self._name,
+            "%s connected to %s",
+            self._path,
             self._shown.get("bootstrap.servers"),
-            extra={"action": "transport_start"},
+            extra={"action": "transport_start", "store": self._store},
         )
 
     async def ordered_by_key(self, destination: str) -> bool:
@@ -194,7 +214,7 @@ class KafkaTransport:
         if topic not in self._known_topics:
             problem = await self._lookup_topic(topic, use_cache=True)
             if problem is not None:
-                future.set_exception(SendError(problem, retryable=False))
+                fail_quietly(future, SendError(problem, retryable=False))
                 return future
             self._require_same(generation)
         key = message.key
@@ -221,7 +241,7 @@ class KafkaTransport:
             except BufferError:
                 if len(generation.producer) == 0:
                     # Refused with an empty queue: the message alone is over the queue's size.
-                    future.set_exception(SendError(_over_queue(message), retryable=False))
+                    fail_quietly(future, SendError(_over_queue(message), retryable=False))
                     return future
                 await self._wait_for_space()
                 self._require_same(generation)
@@ -231,7 +251,7 @@ class KafkaTransport:
                 if isinstance(error, KafkaError) and error.code() == KafkaError._FATAL:
                     self._mark_fatal(generation, error)
                     continue
-                future.set_exception(produce_error(exc, message, self._max_bytes))
+                fail_quietly(future, produce_error(exc, message, self._max_bytes))
                 return future
             self._outstanding.add(future)
             return future
@@ -342,9 +362,11 @@ class KafkaTransport:
         )
         for future in self._outstanding:
             if not future.done():
-                future.set_exception(leftover)
+                fail_quietly(future, leftover)
         self._outstanding.clear()
         self._generation = None
+        self._log.flush()
+        self._librdkafka.flush()
 
     # -- loop thread -----------------------------------------------------------------
 
@@ -385,14 +407,15 @@ class KafkaTransport:
             if error is None:
                 future.set_result(None)
             elif error.code() in _NOT_SENT:
-                future.set_exception(
+                fail_quietly(
+                    future,
                     TransportUnavailableError(
                         f"the Kafka producer dropped the message unacknowledged ({error.str()}): "
                         "it was closed or hit a fatal error; the message will be sent again"
-                    )
+                    ),
                 )
             else:
-                future.set_exception(delivery_error(error, report, self._max_bytes))
+                fail_quietly(future, delivery_error(error, report, self._max_bytes))
         if self._waiting_for_space:
             self._space.set()
 
@@ -420,7 +443,7 @@ class KafkaTransport:
         failure = _rebuilding(generation.fatal or "unknown fatal error")
         for future in self._outstanding:
             if not future.done():
-                future.set_exception(failure)
+                fail_quietly(future, failure)
         self._outstanding.clear()
         if not self._closed:
             number = generation.number + 1
@@ -429,23 +452,38 @@ class KafkaTransport:
             except Exception as exc:  # e.g. an unreadable certificate after a rotation
                 delay = min(_REBUILD_RETRY_SECONDS * 2**self._rebuild_failures, 30.0)
                 self._rebuild_failures += 1
-                logger.error(
-                    "Kafka transport %s could not rebuild its producer (%s); retrying in %g s",
-                    self._name,
+                self._log.error(
+                    "rebuild_failed",
+                    "%s could not rebuild its producer (%s); retrying in %g s; fix the "
+                    "transport's settings or files (certificates) it names",
+                    self._path,
                     redact(str(exc)),
                     delay,
-                    extra={"action": "transport_rebuild_failed", "error": redact(str(exc))},
+                    extra={
+                        "action": "transport_rebuild_failed",
+                        "store": self._store,
+                        "error": redact(str(exc)),
+                    },
                 )
                 # The dead producer stays current, so publishes fail as unavailable meanwhile.
                 asyncio.get_running_loop().call_later(delay, self._replace, generation)
                 return
             self._rebuild_failures = 0
             self._generation = _Generation(number, producer)
-            logger.warning(
-                "Kafka transport %s rebuilt its producer after a fatal error: %s",
-                self._name,
+            # The new producer's stall clock starts now, or it would count as stalled at once
+            # and be replaced again on every poll.
+            self._last_progress = time.monotonic()
+            self._log.warning(
+                "rebuild",
+                "%s rebuilt its producer after a fatal error: %s; the messages it held "
+                "are sent again (if this repeats, check the brokers' logs)",
+                self._path,
                 generation.fatal,
-                extra={"action": "transport_rebuild", "error": generation.fatal},
+                extra={
+                    "action": "transport_rebuild",
+                    "store": self._store,
+                    "error": generation.fatal,
+                },
             )
         self._replaced.set()
 
@@ -483,7 +521,7 @@ class KafkaTransport:
     def _create_producer(self, number: int) -> Any:
         config = dict(self._config)
         config["error_cb"] = functools.partial(self._on_error, number)
-        config["logger"] = logging.getLogger(f"{__name__}.librdkafka")
+        config["logger"] = self._librdkafka
         try:
             return self._new_producer(config)
         except KafkaException as exc:
@@ -495,13 +533,17 @@ class KafkaTransport:
         generation = self._generation
         if generation is not None and generation.number == number and error.fatal():
             self._mark_fatal(generation, error)
-        else:
-            logger.warning(
-                "Kafka transport %s: %s",
-                self._name,
-                redact(_text(error)),
-                extra={"action": "transport_error", "error": redact(_text(error))},
-            )
+            return
+        text = redact(_text(error))
+        code = error.code() if isinstance(error, KafkaError) else None
+        self._log.warning(
+            ("error", code),
+            "%s: %s; %s",
+            self._path,
+            text,
+            error_hint(code),
+            extra={"action": "transport_error", "store": self._store, "error": text},
+        )
 
     def _poll_forever(self) -> None:
         loop = self._loop

@@ -55,6 +55,7 @@ from relayer.transports.base import (
     SendError,
     Settle,
     TransportUnavailableError,
+    fail_quietly,
 )
 from relayer.transports.options import Options, TransportOptionError
 from relayer.transports.rabbitmq_routes import Route, RouteError, parse_route
@@ -397,8 +398,11 @@ class RabbitMQTransport:
             writes.append(b"".join(payloads))
         if not writes:
             return
-        # The writer resolves this once the turn's last write has left the socket buffer.
+        # The writer resolves this once the turn's last write has left the socket buffer; aiormq
+        # fails it when the connection is lost, and publishes only wait for it (asyncio.wait
+        # does not retrieve an exception): retrieve it, or asyncio reports each lost write.
         self._drained = underlay.create_future()
+        self._drained.add_done_callback(_retrieve)
         self._frames.extend(frames.write(writes, self._drained))
         self._write_frames(underlay)
 
@@ -652,7 +656,12 @@ def _settle_future(future: asyncio.Future[None], error: BaseException | None) ->
     if error is None:
         future.set_result(None)
     else:
-        future.set_exception(error)
+        fail_quietly(future, error)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _unroutable(route: Route, routing_key: str, exc: Exception) -> str:

@@ -59,7 +59,7 @@ def create_transport(
 ) -> Transport:
     """One transport instance, not started. ``batch_deadline`` informs built-in transports."""
     field = f"stores.{store}.transports.{name}"
-    factory = _factory(field, settings.type, batch_deadline)
+    factory = _factory(field, settings.type, batch_deadline, store)
     try:
         transport = factory(name, settings.options)
     except ConfigurationError as exc:  # TransportOptionError, or a plug-in's own
@@ -96,13 +96,13 @@ def create_transports(
 _Factory = Callable[[str, Mapping[str, Any]], Any]
 
 
-def _factory(field: str, kind: str, batch_deadline: timedelta | None) -> _Factory:
+def _factory(field: str, kind: str, batch_deadline: timedelta | None, store: str) -> _Factory:
     built_in = _BUILT_INS.get(kind)
     if built_in is not None:
         cls = _import_built_in(field, kind, built_in)
         if kind == "kafka":
             return lambda name, options: cls.from_options(
-                name, options, batch_deadline=batch_deadline
+                name, options, batch_deadline=batch_deadline, store=store
             )
         factory: _Factory = cls.from_options
         return factory
