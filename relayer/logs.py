@@ -59,21 +59,31 @@ def scrub(text: str) -> str:
     return _COLON_PAIR.sub(lambda m: m["head"] + MASK, text)
 
 
+# A line break and the indentation after it, as in libpq's "server closed the connection
+# unexpectedly\n\tThis probably means...": one log record must stay one line.
+_BREAK = re.compile(r"\s*\n\s*")
+
+
 class RedactingFilter(logging.Filter):
-    """Renders the message once and removes anything password-like from it and its fields."""
+    """Renders the message once, on one line, and removes anything password-like from it and
+    its fields."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = scrub(record.getMessage())
+        record.msg = _one_line(record.getMessage())
         record.args = None
         for name in FIELDS:
             value = getattr(record, name, None)
             if isinstance(value, str):
-                setattr(record, name, scrub(value))
+                setattr(record, name, _one_line(value))
             elif value is not None and not isinstance(value, int | float):
-                setattr(record, name, scrub(str(value)))  # an exception or a mapping
+                setattr(record, name, _one_line(str(value)))  # an exception or a mapping
         if record.stack_info:
             record.stack_info = scrub(record.stack_info)
         return True
+
+
+def _one_line(text: str) -> str:
+    return scrub(_BREAK.sub(" ", text.strip()))
 
 
 class JsonFormatter(logging.Formatter):
@@ -124,6 +134,7 @@ def configure(level: str = "INFO", log_format: str = "text") -> None:
     root.addHandler(handler)
     root.setLevel(logging.WARNING)
     logging.getLogger("relayer").setLevel(level)
-    # aiormq warns, with a traceback, each time a connection drops; the RabbitMQ transport
-    # fails the messages and the worker says so once per interval (transport_unavailable).
+    # The drivers warn about each connection they lose (aiormq with a traceback); relayer
+    # reports the same failures itself, with what to do, once per interval.
     logging.getLogger("aiormq").setLevel(logging.ERROR)
+    logging.getLogger("psycopg").setLevel(logging.ERROR)

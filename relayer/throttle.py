@@ -5,9 +5,10 @@ lane, every batch, every reconnect). Each place that can repeat a warning logs i
 :class:`ThrottledLog` with a *cause*: a hashable that says "the same problem" (the action, the
 store, the transport, the kind of error...). The first line of a cause goes out at once; later
 ones within ``interval`` seconds are held back and counted. The first line of that cause after
-the interval goes out with the count, in the text and in the ``suppressed`` field; ``flush``
-(called when a transport or store shuts down) writes the last held-back line of every cause
-with its count, so no count is lost.
+the interval goes out with the count, in the text and in the ``suppressed`` field. A cause that
+stops repeating gets its count out too: ``flush_due`` (called now and then by the worker and the
+Kafka poll thread) writes the last held-back line of each cause whose interval has ended, and
+``flush`` (when a transport or store shuts down) that of every cause.
 
 The throttle is safe to call from other threads (librdkafka's callbacks run in the poll
 thread) and remembers at most ``causes`` causes (the quietest are forgotten first).
@@ -63,6 +64,8 @@ class ThrottledLog:
         self._clock = clock
         self._limit = causes
         self._causes: dict[Hashable, _Cause] = {}
+        # The earliest end of an interval in which lines were held back (for flush_due).
+        self._next_due: float | None = None
         self._lock = threading.Lock()
 
     def warning(
@@ -99,6 +102,7 @@ class ThrottledLog:
             if state is not None and now - state.since < self.interval:
                 state.held += 1
                 state.last = line
+                self._due_at(state.since + self.interval)
                 return
             held, since = (state.held, state.since) if state is not None else (0, now)
             if state is None and len(self._causes) >= self._limit:
@@ -106,18 +110,40 @@ class ThrottledLog:
             self._causes[cause] = _Cause(now)
         self._emit(line, held, now - since)
 
+    def flush_due(self) -> None:
+        """Write the last held-back line of each cause whose interval has ended, with its
+        count (called now and then: a cause that stopped repeating still gets its count out
+        within about an interval)."""
+        if self._next_due is None or self._clock() < self._next_due:
+            return
+        self._flush(everything=False)
+
     def flush(self) -> None:
-        """Write the last held-back line of each cause, with its count (at shutdown)."""
+        """Write the last held-back line of every cause, with its count, and start afresh (at
+        shutdown)."""
+        self._flush(everything=True)
+
+    def _flush(self, *, everything: bool) -> None:
         now = self._clock()
+        pending: list[tuple[_Line, int, float]] = []
         with self._lock:
-            pending = [
-                (state.last, state.held, now - state.since)
-                for state in self._causes.values()
-                if state.held and state.last is not None
-            ]
-            self._causes.clear()
+            self._next_due = None
+            for state in self._causes.values():
+                if not state.held or state.last is None:
+                    continue
+                if everything or now - state.since >= self.interval:
+                    pending.append((state.last, state.held - 1, now - state.since))
+                    state.since, state.held, state.last = now, 0, None
+                else:
+                    self._due_at(state.since + self.interval)
+            if everything:
+                self._causes.clear()
         for line, held, elapsed in pending:
-            self._emit(line, held - 1, elapsed)
+            self._emit(line, held, elapsed)
+
+    def _due_at(self, when: float) -> None:
+        if self._next_due is None or when < self._next_due:
+            self._next_due = when
 
     def _emit(self, line: _Line, held: int, elapsed: float) -> None:
         level, message, args, extra = line

@@ -219,6 +219,8 @@ class StoreRuntime:
                 await asyncio.wait_for(stop.wait(), self.relay.poll)
             if not stop.is_set():
                 self.wake_all()
+            for log in self._logs():
+                log.flush_due()
 
     async def scan(self, lane: int) -> None:
         """One lane scan: probe, send a batch if the head is due, and always reschedule."""
@@ -341,9 +343,20 @@ class StoreRuntime:
                 await self._waking
         await self.prober.close()
         await self.pool.close()
-        logs = (self.log, self.relay.log, self.membership.log, self.maintenance.log)
-        for log in (*logs, self.maintenance.sender.log):
+        for log in self._logs():
             log.flush()
+
+    def _logs(self) -> tuple[ThrottledLog, ...]:
+        """The throttled logs of this store's parts (their held-back counts are written by
+        poll() once an interval ends, and at close)."""
+        maintenance = self.maintenance
+        return (
+            self.log,
+            self.relay.log,
+            self.membership.log,
+            maintenance.log,
+            maintenance.sender.log,
+        )
 
 
 class Worker:

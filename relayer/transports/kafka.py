@@ -561,6 +561,8 @@ class KafkaTransport:
                     # rebuild the producer, or no ack ever resolves.
                     self._mark_fatal(generation, exc)
                 self._hand_over(loop)
+                self._log.flush_due()
+                self._librdkafka.flush_due()
                 self._watch_for_stall(generation)
                 if generation.fatal is not None:
                     self._retire(loop, generation)

@@ -84,5 +84,8 @@ class LibrdkafkaLog:
             extra={"action": "transport_log", "store": self._store},
         )
 
+    def flush_due(self) -> None:
+        self._log.flush_due()
+
     def flush(self) -> None:
         self._log.flush()
