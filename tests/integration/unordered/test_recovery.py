@@ -4,6 +4,7 @@ parallel without sending a row twice, never waiting for lanes, with backoff on f
 from __future__ import annotations
 
 import asyncio
+import gc
 from uuid import UUID
 
 import psycopg
@@ -132,3 +133,32 @@ async def test_a_long_failing_row_backs_off_at_most_retry_backoff_max(
     assert (await recover(store, memory)).failed == 1  # no interval overflow
     attempts, _, retry_in = rows(store)[row]
     assert attempts == 100001 and 3000 < retry_in <= 3600
+
+
+async def test_acknowledgements_left_behind_by_a_stopped_recovery_are_never_reported(
+    store: StoreSettings,
+) -> None:
+    """The worker stops (the recovery job is cancelled) while the broker holds the outcomes;
+    when they fail later, asyncio must not report one unretrieved exception per row."""
+    reports: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda loop, context: reports.append(context["message"])
+    )
+    ids = write_unordered(store, 50)
+    backdate(store, ids)
+    memory = await started()
+    memory.stall()  # published, outcomes held
+    recovery = asyncio.ensure_future(recover(store, memory))
+    for _ in range(500):
+        if len(memory.published) == 50:
+            break
+        await asyncio.sleep(0.01)
+    recovery.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await recovery
+    memory.disconnect()  # the held outcomes fail now
+    del recovery
+    gc.collect()
+    await asyncio.sleep(0.05)
+    assert reports == []
+    assert len(rows(store)) == 50  # nothing lost: recovered again later
