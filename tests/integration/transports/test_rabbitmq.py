@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import contextlib
 import logging
 import shutil
@@ -129,6 +130,37 @@ async def test_a_lost_connection_fails_outstanding_confirms_and_reconnects(
         # The next publish reconnects through the proxy.
         again = OutgoingMessage(uuid.uuid4(), destination, b"again", key="k")
         await asyncio.wait_for(await transport.publish(again), 30)
+    finally:
+        await cleanup(transport, queue, proxy)
+
+
+async def test_confirms_abandoned_by_their_caller_are_never_reported(
+    rabbitmq_url: str, channel: Any
+) -> None:
+    """The broker stops answering, the caller gives up on its acknowledgements (a batch
+    deadline), then the connection drops: every message fails, and asyncio must not log one
+    "Future exception was never retrieved" per message (nor for the lost socket write)."""
+    reports: list[str] = []
+    asyncio.get_running_loop().set_exception_handler(
+        lambda loop, context: reports.append(context["message"])
+    )
+    proxy = await proxy_to(rabbitmq_url)
+    queue = await fresh_queue(channel)
+    transport = RabbitMQTransport("stalled", via(rabbitmq_url, proxy.port))
+    try:
+        await transport.start()
+        proxy.flowing.clear()  # nothing reaches the broker: no confirm comes back
+        for _ in range(200):
+            await transport.publish(OutgoingMessage(uuid.uuid4(), "/" + queue.name, b"x" * 1000))
+        proxy.cut()
+        for _ in range(200):
+            if not transport._outstanding:
+                break
+            await asyncio.sleep(0.01)
+        assert not transport._outstanding  # every confirm failed
+        gc.collect()
+        await asyncio.sleep(0.05)
+        assert reports == []
     finally:
         await cleanup(transport, queue, proxy)
 
