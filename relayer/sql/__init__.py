@@ -134,7 +134,7 @@ def _without_comment_lines(statement: str) -> LiteralString:
     go: no statement has a string literal spanning lines.
     """
     kept = [line for line in statement.splitlines() if not line.lstrip().startswith("--")]
-    return "\n".join(kept)  # type: ignore[return-value]  # composed from literal templates
+    return "\n".join(kept)
 
 
 @cache
