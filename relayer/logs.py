@@ -19,6 +19,7 @@ from typing import Any
 
 from relayer.redact import MASK, is_secret_name, redact
 from relayer.throttle import ForeignLogFilter
+from relayer.tracing import current_trace_ids
 
 FIELDS = (
     "action",
@@ -87,7 +88,8 @@ def _one_line(text: str) -> str:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message and the structured fields."""
+    """One JSON object per line: time, level, logger, message and the structured fields, and
+    ``trace_id``/``span_id`` while an OpenTelemetry span is active (a relay batch's, say)."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -100,9 +102,22 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, name, None)
             if value is not None:
                 entry[name] = value
+        ids = _trace_ids(record)
+        if ids is not None:
+            entry["trace_id"], entry["span_id"] = ids
         if record.exc_info:
             entry["exception"] = scrub(self.formatException(record.exc_info))
         return json.dumps(entry, default=lambda value: scrub(str(value)))
+
+
+def _trace_ids(record: logging.LogRecord) -> tuple[str, str] | None:
+    """The ids OpenTelemetry's logging instrumentation put on the record (it may be formatted
+    later, elsewhere), else those of the span active now, in the thread that logs."""
+    trace_id = getattr(record, "otelTraceID", None)
+    span_id = getattr(record, "otelSpanID", None)
+    if isinstance(trace_id, str) and isinstance(span_id, str) and trace_id.strip("0"):
+        return trace_id, span_id
+    return current_trace_ids()
 
 
 class TextFormatter(logging.Formatter):

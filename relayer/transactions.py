@@ -1,9 +1,10 @@
 """Joining the caller's transaction: the psycopg connection behind what an application passes.
 
-The writer and the inbox accept a psycopg ``Connection``/``AsyncConnection`` or an SQLAlchemy
+The writer and the inbox accept a psycopg ``Connection``/``AsyncConnection``, an SQLAlchemy
 ``Session``, ``Connection``, ``AsyncSession`` or ``AsyncConnection`` using the psycopg driver,
-and run their statements on the driver connection underneath, inside the caller's transaction.
-SQLAlchemy is imported only when such an object is passed.
+or Django's connection inside ``transaction.atomic()`` (relayer.django), and run their
+statements on the driver connection underneath, inside the caller's transaction. SQLAlchemy and
+Django are imported only when such an object is passed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def sync_connection(conn: Any, async_twin: str, sync_names: str) -> psycopg.Conn
     if isinstance(conn, psycopg.AsyncConnection):
         raise UsageError(f"an async psycopg connection needs {async_twin}")
     module = type(conn).__module__
+    if module.startswith("django."):
+        from relayer.django import connection_of
+
+        return connection_of(conn)
     if module.startswith("sqlalchemy"):
         from sqlalchemy.engine import Connection
         from sqlalchemy.orm import Session
@@ -55,7 +60,8 @@ def sync_connection(conn: Any, async_twin: str, sync_names: str) -> psycopg.Conn
         )
     raise UsageError(
         f"cannot use a {type(conn).__module__}.{type(conn).__name__} for {sync_names}; pass a "
-        "psycopg connection or an SQLAlchemy Session/Connection (psycopg driver)"
+        "psycopg connection, an SQLAlchemy Session/Connection (psycopg driver) or Django's "
+        "connection"
     )
 
 
@@ -68,6 +74,11 @@ async def async_connection(
     if isinstance(conn, psycopg.Connection):
         raise UsageError(f"a sync psycopg connection needs {sync_twin}")
     module = type(conn).__module__
+    if module.startswith("django."):
+        raise UsageError(
+            f"Django's connection is synchronous: use {sync_twin} (from async code, through "
+            "asgiref's sync_to_async)"
+        )
     if module.startswith("sqlalchemy"):
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 

@@ -30,7 +30,7 @@ from relayer.throttle import ThrottledLog, shape
 from relayer.transports.base import Transport
 
 if TYPE_CHECKING:
-    from relayer.tracing import RelayTracer
+    from relayer.tracing import BatchTrace, RelayTracer
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class LaneRelay:
         self.db = RelayStore(store)
         # None unless OpenTelemetry is configured: then a span per batch and per sampled send.
         self.tracer = tracer
-        self.transports = dict(transports) if tracer is None else tracer.wrap(transports)
+        self.transports = dict(transports)
         self.member = member
         self.destinations = destinations or DestinationCache()
         self.clock = clock
@@ -137,23 +137,31 @@ class LaneRelay:
         autocommit mode): a result per lane, in the same order. Never raises for database or
         broker trouble: each result says what happened and when to scan that lane again."""
         if self.tracer is None:
-            return await self._send_lanes(conn, lanes)
-        with self.tracer.batch(self.store.name, lanes) as span:
-            results = await self._send_lanes(conn, lanes)
-            span.finish(results)
+            return await self._send_lanes(conn, lanes, None)
+        with self.tracer.batch(
+            self.store.name, lanes, self.transports, self.store.default_transport
+        ) as trace:
+            results = await self._send_lanes(conn, lanes, trace)
+            trace.finish(results)
             return results
 
-    async def _send_lanes(self, conn: Connection, lanes: Sequence[int]) -> list[ScanResult]:
+    async def _send_lanes(
+        self, conn: Connection, lanes: Sequence[int], trace: BatchTrace | None
+    ) -> list[ScanResult]:
         started = self.clock()
         try:
             async with asyncio.timeout(self.batch_deadline):
-                return await self._batch(conn, lanes, started)
-        except TimeoutError:
+                return await self._batch(conn, lanes, started, trace)
+        except TimeoutError as exc:
             await self.db.abandon(conn)
             detail = "batch deadline passed; rolled back"
+            if trace is not None:
+                trace.rolled_back(exc)
         except (StoreError, FencedWriteError) as exc:
             await self.db.abandon(conn)
             detail = str(exc)
+            if trace is not None:
+                trace.rolled_back(exc)
             self.log.warning(
                 ("rollback", shape(detail)),
                 "lane %s of store %s rolled back: %s; its rows stay in the outbox and are sent "
@@ -176,7 +184,7 @@ class LaneRelay:
         return max(1, -(-BATCH_LANES * batch_size // lane_count))
 
     async def _batch(
-        self, conn: Connection, lanes: Sequence[int], started: float
+        self, conn: Connection, lanes: Sequence[int], started: float, trace: BatchTrace | None
     ) -> list[ScanResult]:
         limit = self.lane_limit(len(lanes))
         tokens, rows = await self.db.lock_and_read(conn, lanes, self.member, uuid4(), limit)
@@ -187,7 +195,7 @@ class LaneRelay:
             for lane in tokens:
                 self.observer(lane, True)
         try:
-            done = await self._send_locked(conn, started, tokens, rows, limit)
+            done = await self._send_locked(conn, started, tokens, rows, limit, trace=trace)
         finally:
             if self.observer is not None:
                 for lane in tokens:
@@ -201,6 +209,8 @@ class LaneRelay:
         tokens: Mapping[int, UUID],
         rows: LaneRows,
         limit: int,
+        *,
+        trace: BatchTrace | None,
     ) -> dict[int, ScanResult]:
         """Send the rows of the locked lanes, record the outcomes and commit; each lane's
         result. Lanes with nothing to send are left out of the outcome statement's work but
@@ -237,6 +247,7 @@ class LaneRelay:
             admit_until=started + self.admission,
             wait_until=started + self.batch_deadline - self.commit_reserve,
             clock=self.clock,
+            report=None if trace is None else trace.sending(rows, sendable),
         )
         acked, failed = report.outcomes(rows, sendable)
         failures = [report.failure(rows, index) for index in failed]
@@ -256,6 +267,8 @@ class LaneRelay:
                 failures=failures,
             )
             gave_up = outcomes.gave_up
+            if trace is not None:
+                trace.recorded(acked, failed, len(gave_up))
             self._log_failures(rows, failures, gave_up)
         else:
             await self.db.end_unchanged(conn)

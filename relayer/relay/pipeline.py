@@ -10,6 +10,10 @@ stops its key for the rest of the batch; a transport that cannot be reached stop
 acknowledgements are awaited until ``wait_until``; whatever is still unresolved then is left
 alone (kept in the outbox and sent again later).
 
+When the relay traces (relayer.tracing), the report also times the sampled rows: when each was
+handed over and when it settled, so that their send spans can be made once the batch's outcome
+is known.
+
 Transports without ``publish_batch`` are driven through ``publish``, one awaitable per message
 (``PerMessage``).
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import TransportError
@@ -36,17 +40,35 @@ Resolve = Callable[[str | None], Transport]
 
 
 class SendReport:
-    """Per-row results of one batch, and why sending stopped early (if it did)."""
+    """Per-row results of one batch, and why sending stopped early (if it did).
 
-    __slots__ = ("cut_short", "down", "failures", "published", "states")
+    ``timed``: rows whose hand-over and settle times (``time.time_ns()``) are recorded in
+    ``handed`` and ``settled`` (the sampled rows of a traced batch; None: none)."""
 
-    def __init__(self, size: int) -> None:
+    __slots__ = (
+        "cut_short",
+        "down",
+        "error_types",
+        "failures",
+        "handed",
+        "published",
+        "settled",
+        "states",
+        "timed",
+    )
+
+    def __init__(self, size: int, timed: Collection[int] | None = None) -> None:
         self.states = bytearray(size)
         self.failures: dict[int, tuple[str, bool]] = {}  # row -> (error, permanent)
         self.published = 0
         self.cut_short = False
         # Rows left unsent because their transport could not be reached: row -> the error.
         self.down: dict[int, str] = {}
+        # Failed or unavailable row -> the exception type's qualified name (for traces).
+        self.error_types: dict[int, str] = {}
+        self.timed = timed or None
+        self.handed: dict[int, int] = {}
+        self.settled: dict[int, int] = {}
 
     def outcomes(self, rows: LaneRows, indexes: Sequence[int]) -> tuple[list[int], list[int]]:
         """Of ``indexes`` (id order), the rows to delete and the failed heads to park: per key,
@@ -97,6 +119,7 @@ class BatchSender:
         admit_until: float,
         wait_until: float,
         clock: Callable[[], float] = time.monotonic,
+        report: SendReport | None = None,
     ) -> None:
         self.rows = rows
         self.indexes = indexes
@@ -105,12 +128,14 @@ class BatchSender:
         self.admit_until = admit_until
         self.wait_until = wait_until
         self.clock = clock
-        self.report = SendReport(len(rows))
+        self.report = report if report is not None else SendReport(len(rows))
+        self._timed = self.report.timed
         self._handed = 0
         self._settled = 0
         self._stopped_keys: set[str] = set()
-        # Transports found unreachable in this batch (-> their error): their rows wait.
-        self._down: dict[str, str] = {}
+        # Transports found unreachable in this batch (-> their error and its type): their rows
+        # wait.
+        self._down: dict[str, tuple[str, str]] = {}
         # Per transport name of this batch: the transport, or why its rows cannot be sent; what
         # its rows are handed to; whether some name could not be resolved.
         self._transports: dict[str | None, Transport | str] = {}
@@ -119,9 +144,9 @@ class BatchSender:
         # Row -> the next row of its key, published once the row is acknowledged.
         self._waiting: dict[int, int] = {}
         self._ready: list[int] = []
-        # Per (transport name, destination) not usable now: why, and whether because its
-        # broker cannot be reached (then no attempt is counted).
-        self._unusable: dict[tuple[str | None, str], tuple[str, bool]] = {}
+        # Per (transport name, destination) not usable now: why, the error's type, and whether
+        # because its broker cannot be reached (then no attempt is counted).
+        self._unusable: dict[tuple[str | None, str], tuple[str, str, bool]] = {}
         self._wake = asyncio.Event()
         self._closed = False
 
@@ -187,19 +212,20 @@ class BatchSender:
             if isinstance(transport, str) or (transport.name, destination) in self.destinations:
                 continue
             if transport.name in self._down:
-                self._unusable[(name, destination)] = (self._down[transport.name], True)
+                self._unusable[(name, destination)] = (*self._down[transport.name], True)
                 continue
             try:
                 await self.destinations.require_ordered(transport, destination)
             except PreparationError as exc:
-                self._unusable[(name, destination)] = (str(exc), False)
+                self._unusable[(name, destination)] = (str(exc), error_type(exc), False)
             except TransportError as exc:  # its broker cannot be reached: not the rows' fault
-                self._down.setdefault(transport.name, str(exc))
-                self._unusable[(name, destination)] = (str(exc), True)
+                self._down.setdefault(transport.name, (str(exc), error_type(exc)))
+                self._unusable[(name, destination)] = (str(exc), error_type(exc), True)
             except Exception as exc:  # a plug-in's bug must park only these rows' keys
                 # (a TimeoutError here is the lookup's own, never the batch deadline: that
                 # reaches this as a cancellation)
-                self._unusable[(name, destination)] = (f"{type(exc).__name__}: {exc}", False)
+                text = f"{type(exc).__name__}: {exc}"
+                self._unusable[(name, destination)] = (text, error_type(exc), False)
         gapless = all(
             not isinstance(transport, str) and transport.pipelines_within_key
             for transport in self._transports.values()
@@ -238,19 +264,19 @@ class BatchSender:
         rows = self.rows
         transport = self._transports[rows.transports[index]]
         if isinstance(transport, str):
-            self._fail(index, transport, permanent=False)
+            self._fail(index, transport, _PREPARATION, permanent=False)
             return True
         if transport.name in self._down:
-            self._unavailable(index, self._down[transport.name])
+            self._unavailable(index, *self._down[transport.name])
             return True
         reason = self._unusable.get((rows.transports[index], rows.batch.destinations[index]))
         if reason is None:
             return False
-        error, unreachable = reason
+        error, kind, unreachable = reason
         if unreachable:
-            self._unavailable(index, error)
+            self._unavailable(index, error, kind)
         else:
-            self._fail(index, error, permanent=False)
+            self._fail(index, error, kind, permanent=False)
         return True
 
     # -- publishing ------------------------------------------------------------------------
@@ -295,24 +321,26 @@ class BatchSender:
                     return
             if transport.name in self._down:
                 for index in indexes:
-                    self._unavailable(index, self._down[transport.name])
+                    self._unavailable(index, *self._down[transport.name])
                 return
             states = self.report.states
             for index in indexes:
                 states[index] = IN_FLIGHT
+            if self._timed is not None:
+                self._time(self.report.handed, indexes)
             try:
                 handed = await publisher.publish_batch(
                     self.rows.batch, indexes, self._settle, self._admitting
                 )
             except SendError as exc:  # refused as a whole (a transport's own choice)
                 for index in indexes:
-                    self._fail(index, str(exc), permanent=not exc.retryable)
+                    self._fail(index, str(exc), error_type(exc), permanent=not exc.retryable)
                 return
             except TransportError as exc:  # not about these rows: the client is unusable now
-                self._down.setdefault(transport.name, str(exc))
+                self._down.setdefault(transport.name, (str(exc), error_type(exc)))
                 for index in indexes:
                     if states[index] == IN_FLIGHT:
-                        self._unavailable(index, str(exc))
+                        self._unavailable(index, str(exc), error_type(exc))
                 return
             self._handed += handed
             self.report.published += handed
@@ -341,6 +369,8 @@ class BatchSender:
         states = self.report.states
         if states[index] != IN_FLIGHT:
             return  # settled already (a transport's bug) or given up
+        if self._timed is not None:
+            self._time(self.report.settled, (index,))
         if error is None:
             states[index] = ACKED
             self._settled += 1
@@ -354,31 +384,64 @@ class BatchSender:
             return
         self._settled += 1
         self._wake.set()
+        kind = error_type(error)
         if isinstance(error, SendError):
-            self._fail(index, str(error), permanent=not error.retryable)
+            self._fail(index, str(error), kind, permanent=not error.retryable)
         elif isinstance(error, TransportError):
             name = self.rows.transports[index]
             transport = self._transports[name]
             if not isinstance(transport, str):
-                self._down.setdefault(transport.name, str(error))
-            self._unavailable(index, str(error))
+                self._down.setdefault(transport.name, (str(error), kind))
+            self._unavailable(index, str(error), kind)
         elif isinstance(error, asyncio.CancelledError):
             states[index] = UNSENT
             self._stopped_keys.add(self.rows.batch.keys[index])
         else:
-            self._fail(index, f"{type(error).__name__}: {error}", permanent=False)
+            self._fail(index, f"{type(error).__name__}: {error}", kind, permanent=False)
 
-    def _fail(self, index: int, error: str, *, permanent: bool) -> None:
-        self.report.states[index] = FAILED
-        self.report.failures[index] = (error, permanent)
+    def _fail(self, index: int, error: str, kind: str, *, permanent: bool) -> None:
+        report = self.report
+        report.states[index] = FAILED
+        report.failures[index] = (error, permanent)
+        report.error_types[index] = kind
         self._stopped_keys.add(self.rows.batch.keys[index])
+        if self._timed is not None and index not in report.settled:
+            self._time(report.settled, (index,))
 
-    def _unavailable(self, index: int, error: str) -> None:
+    def _unavailable(self, index: int, error: str, kind: str) -> None:
         """The row's transport cannot be used now: the row stays unsent (no attempt counted)
         and its key stops; the transport's other rows stop too (``_down``)."""
-        self.report.states[index] = UNSENT
+        report = self.report
+        report.states[index] = UNSENT
         self._stopped_keys.add(self.rows.batch.keys[index])
-        self.report.down[index] = error
+        report.down[index] = error
+        report.error_types[index] = kind
+        if self._timed is not None and index not in report.settled:
+            self._time(report.settled, (index,))
+
+    def _time(self, times: dict[int, int], indexes: Sequence[int]) -> None:
+        """Record now as the time of the timed ones of ``indexes``."""
+        timed = self._timed
+        assert timed is not None
+        now = time.time_ns()
+        for index in indexes:
+            if index in timed:
+                times[index] = now
+
+
+# The error type of a row whose transport name resolves to no transport.
+_PREPARATION = f"{PreparationError.__module__}.{PreparationError.__qualname__}"
+
+
+def error_type(error: BaseException) -> str:
+    """The qualified name of ``error``'s type (OpenTelemetry's ``error.type``); for a row
+    that cannot be sent as it is, its cause's (a missing topic's DestinationError, say)."""
+    if isinstance(error, PreparationError) and error.__cause__ is not None:
+        error = error.__cause__
+    kind = type(error)
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 async def send_batch(
@@ -390,9 +453,10 @@ async def send_batch(
     admit_until: float,
     wait_until: float,
     clock: Callable[[], float] = time.monotonic,
+    report: SendReport | None = None,
 ) -> SendReport:
     """Publish the rows ``indexes`` of ``rows`` (id order within each lane; a key lives in one
-    lane) and report the outcome of each."""
+    lane) and report the outcome of each (in ``report``, if given: a traced batch's)."""
     sender = BatchSender(
         rows,
         indexes,
@@ -401,5 +465,6 @@ async def send_batch(
         admit_until=admit_until,
         wait_until=wait_until,
         clock=clock,
+        report=report,
     )
     return await sender.run()

@@ -86,6 +86,9 @@ class _Generation:
 class KafkaTransport:
     """Publishes to Kafka topics; the destination is the topic name."""
 
+    # OpenTelemetry's messaging.system for the relay's send spans (relayer.tracing).
+    messaging_system = "kafka"
+
     def __init__(
         self,
         name: str,

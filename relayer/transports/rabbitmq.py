@@ -78,6 +78,9 @@ _MAX_HEADER_NAME_BYTES = 128
 class RabbitMQTransport:
     """Publishes to RabbitMQ exchanges and queues with publisher confirms."""
 
+    # OpenTelemetry's messaging.system for the relay's send spans (relayer.tracing).
+    messaging_system = "rabbitmq"
+
     def __init__(
         self,
         name: str,

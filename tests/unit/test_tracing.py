@@ -1,9 +1,10 @@
-"""Tracing without I/O: the writer's header capture and the relay's send spans."""
+"""Tracing without I/O: the writer's header capture, the batch span, the log lines' ids."""
 
 from __future__ import annotations
 
+import json
+import logging
 import sys
-import uuid
 
 import pytest
 from opentelemetry import trace
@@ -12,9 +13,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags, TraceState
 
-from relayer.tracing import relay_tracer, with_trace_context
-from relayer.transports.base import OutgoingMessage
-from relayer.transports.memory import MemoryTransport
+from relayer.logs import JsonFormatter
+from relayer.relay import Scan, ScanResult
+from relayer.tracing import current_trace_ids, relay_tracer, with_trace_context
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -61,45 +62,47 @@ def test_tracing_is_off_without_a_configured_provider() -> None:
     assert relay_tracer(trace.NoOpTracerProvider()) is None
 
 
-async def test_send_spans_only_for_sampled_messages_with_their_outcome(
+def test_a_batch_that_ran_out_of_time_is_an_error_with_the_timeout_type(
     spans: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
     provider, exporter = spans
     tracer = relay_tracer(provider)
     assert tracer is not None
-    memory = MemoryTransport("memory")
-    await memory.start()
-    transport = tracer.wrap({"memory": memory})["memory"]
-    assert transport.name == "memory"
-    assert transport.pipelines_within_key == memory.pipelines_within_key
-    failing = uuid.uuid4()
-    memory.fail_message(failing, retryable=False, message="rejected")
-    messages = [
-        OutgoingMessage(uuid.uuid4(), "events", b"a", "k", {"traceparent": SAMPLED}),
-        OutgoingMessage(failing, "events", b"b", "k2", {"traceparent": SAMPLED}),
-        OutgoingMessage(uuid.uuid4(), "events", b"c", "k3", {"traceparent": UNSAMPLED}),
-        OutgoingMessage(uuid.uuid4(), "events", b"d", "k4"),
-    ]
-    with tracer.batch("orders", [3]):
-        outcomes = []
-        for message in messages:
-            acknowledgement = await transport.publish(message)
-            try:
-                await acknowledgement
-                outcomes.append("ok")
-            except Exception:
-                outcomes.append("failed")
-        batch_context = trace.get_current_span().get_span_context()
-    assert outcomes == ["ok", "failed", "ok", "ok"]
-    sends = [span for span in exporter.get_finished_spans() if span.name == "send events"]
-    assert [span.attributes and span.attributes["messaging.message.id"] for span in sends] == [
-        str(messages[0].id),
-        str(failing),
-    ]
-    assert sends[0].status.status_code is StatusCode.UNSET
-    assert sends[1].status.status_code is StatusCode.ERROR
-    assert "rejected" in (sends[1].status.description or "")
-    for span in sends:
-        assert span.parent is not None and span.parent.span_id == 0xB7AD6B7169203331
-        assert [link.context.span_id for link in span.links] == [batch_context.span_id]
-    await transport.close()
+    with tracer.batch("orders", [3], {}, None) as batch:
+        batch.rolled_back(TimeoutError())
+        batch.finish([ScanResult(3, Scan.FAILED, 1.0, detail="batch deadline passed")])
+    [span] = exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["relayer.result"] == "deadline"
+    assert span.attributes["error.type"] == "timeout"
+    assert span.status.status_code is StatusCode.ERROR
+
+
+def test_json_log_lines_carry_the_active_spans_ids(
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, _ = spans
+    formatter = JsonFormatter()
+
+    def line() -> dict[str, object]:
+        record = logging.LogRecord("relayer.relay", logging.WARNING, __file__, 1, "m", None, None)
+        parsed: dict[str, object] = json.loads(formatter.format(record))
+        return parsed
+
+    assert "trace_id" not in line() and "span_id" not in line()
+    with provider.get_tracer("test").start_as_current_span("work") as span:
+        inside = line()
+    context = span.get_span_context()
+    assert inside["trace_id"] == f"{context.trace_id:032x}"
+    assert inside["span_id"] == f"{context.span_id:016x}"
+    assert current_trace_ids() is None
+
+
+def test_ids_set_by_opentelemetrys_logging_instrumentation_win() -> None:
+    record = logging.LogRecord("relayer", logging.INFO, __file__, 1, "m", None, None)
+    record.otelTraceID = "0af7651916cd43dd8448eb211c80319c"
+    record.otelSpanID = "b7ad6b7169203331"
+    line = json.loads(JsonFormatter().format(record))
+    assert (line["trace_id"], line["span_id"]) == (record.otelTraceID, record.otelSpanID)
+    record.otelTraceID, record.otelSpanID = "0", "0"  # what it sets outside any span
+    assert "trace_id" not in json.loads(JsonFormatter().format(record))
