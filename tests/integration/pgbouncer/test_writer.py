@@ -39,16 +39,16 @@ def test_sync_writers_share_server_connections(through: StoreSettings) -> None:
         for conn in clients:
             conn.close()
     assert pending(through) == CLIENTS * ROUNDS * 4
-    assert sequences(through) == {f"key-{n}": list(range(1, ROUNDS * 3 + 1)) for n in range(6)}
+    assert sequences(through) == {
+        f"key-{n}": list(range(1, ROUNDS * 3 + 1)) for n in range(CLIENTS)
+    }
 
 
 async def test_async_writers_and_inboxes_share_server_connections(
     through: StoreSettings,
 ) -> None:
     outbox, inbox = Outbox(through), Inbox(through)
-    clients = [
-        await psycopg.AsyncConnection.connect(through.require_dsn()) for _ in range(CLIENTS)
-    ]
+    clients = [await psycopg.AsyncConnection.connect(through.require_dsn()) for _ in range(CLIENTS)]
     try:
         for round_number in range(ROUNDS):
             for number, conn in enumerate(clients):
