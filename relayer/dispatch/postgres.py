@@ -102,8 +102,9 @@ class PostgresClusterState:
 
     @property
     def backend_pid(self) -> int | None:
-        """The server process of the dispatcher connection (its locks show under this pid)."""
-        if self._conn is None or self._conn.closed:
+        """The server process of the dispatcher connection (its locks show under this pid);
+        None behind a transaction pooler, which reports a number of its own."""
+        if self._conn is None or self._conn.closed or self._pinned:
             return None
         return int(self._conn.info.backend_pid)
 

@@ -174,8 +174,11 @@ class Session:
 
     @property
     def backend_pid(self) -> int | None:
-        """The server process of the open connection, if any (tests and diagnostics)."""
-        return None if is_broken(self._conn) else self._conn.info.backend_pid  # type: ignore[union-attr]
+        """The server process of the open connection, if any (tests and diagnostics); None
+        behind a transaction pooler, which reports a number of its own."""
+        if is_broken(self._conn) or self.store.pooler == "transaction":
+            return None
+        return self._conn.info.backend_pid  # type: ignore[union-attr]
 
     async def close(self) -> None:
         async with self._lock:

@@ -277,6 +277,15 @@ class Workers:
     def _log_text(path: Path) -> str:
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def wait_serving(self, timeout: float = 30) -> None:
+        """Until every current process has logged that it serves (a replacement started late
+        in a short run may still be importing, before its SIGTERM handler exists)."""
+        deadline = time.monotonic() + timeout
+        for slot in range(self.count):
+            while "[action=start " not in self.logs_of(slot) and time.monotonic() < deadline:
+                self.assert_running()
+                time.sleep(0.1)
+
     def stop(self) -> list[int | None]:
         """SIGTERM every worker (SIGCONT first, in case one is stopped); SIGKILL after 30 s."""
         for process in self.processes:
@@ -407,6 +416,7 @@ class Run:
             pending, parked = backlog(self.store)
         self.report.pending, self.report.parked = pending, parked
         self.report.seconds = time.monotonic() - self.started
+        self.workers.wait_serving()
         codes = self.workers.stop()
         logs = self.workers.all_logs()
         self.report.stale_rollbacks = logs.count("fenced delete matched")
