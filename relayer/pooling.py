@@ -31,7 +31,7 @@ def check_pooler(value: object) -> object:
     raise ValueError(POOLER_RULE)
 
 
-def startup_options(dsn: str) -> bool:
+def dsn_sets_options(dsn: str) -> bool:
     """Whether ``dsn`` sets ``options`` (start-up parameters a transaction pooler refuses)."""
     return bool(conninfo_to_dict(dsn).get("options"))
 

@@ -41,7 +41,7 @@ from relayer.environment import check_environment
 from relayer.errors import ConfigurationError, Shown
 from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
 from relayer.lanes import MAX_LANES
-from relayer.pooling import Pooler, check_pooler, same_pool, startup_options
+from relayer.pooling import Pooler, check_pooler, same_pool, dsn_sets_options
 from relayer.redact import MASK, is_secret_name, redact, redact_mapping
 
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
@@ -293,7 +293,7 @@ class StoreSettings(BaseModel):
         of, and a ``listen_dsn`` that reaches the same pool (LISTEN would never fire)."""
         if self.pooler != "transaction" or not dsn:
             return
-        if startup_options(dsn):
+        if dsn_sets_options(dsn):
             raise _RelationError(
                 field,
                 dsn,
