@@ -41,7 +41,7 @@ from relayer.environment import check_environment
 from relayer.errors import ConfigurationError, Shown
 from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
 from relayer.lanes import MAX_LANES
-from relayer.pooling import Pooler, check_pooler, same_pool, dsn_sets_options
+from relayer.pooling import Pooler, check_pooler, dsn_sets_options, same_pool
 from relayer.redact import MASK, is_secret_name, redact, redact_mapping
 
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
