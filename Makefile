@@ -49,15 +49,20 @@ bench: $(STAMP)
 	$(BIN)/python bench/relay.py
 	$(BIN)/python bench/dispatch.py
 
-# Every fault-injection scenario of tests/chaos (about 4 minutes; `make test` runs a smoke subset).
-# The clock-skew scenario preloads libfaketime: installed here when missing and apt-get can run
-# (as root), otherwise that one scenario is skipped.
+# Every fault-injection scenario of tests/chaos (about 6 minutes; `make test` runs a smoke subset).
+# The clock-skew scenario preloads libfaketime, the PgBouncer ones run Debian's pgbouncer: each
+# installed here when missing and apt-get can run (as root), otherwise those scenarios skip.
 chaos: $(STAMP)
 	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 		  { apt-get install -y -qq libfaketime >/dev/null 2>&1 || \
 		    { apt-get update -qq >/dev/null && apt-get install -y -qq libfaketime >/dev/null; }; }; } || \
 		echo "libfaketime is not installed: the clock-skew scenario will be skipped"
+	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		  { apt-get install -y -qq pgbouncer >/dev/null 2>&1 || \
+		    { apt-get update -qq >/dev/null && apt-get install -y -qq pgbouncer >/dev/null; }; }; } || \
+		echo "pgbouncer is not installed: the PgBouncer scenarios will be skipped"
 	$(BIN)/pytest -m chaos tests/chaos
 
 clean:

@@ -34,7 +34,7 @@ from uuid import UUID
 from psycopg.pq import TransactionStatus
 
 from relayer.errors import StoreError, UsageError
-from relayer.store import StorePool
+from relayer.store import StorePool, unordered_settings
 from relayer.throttle import ThrottledLog
 from relayer.transactions import transaction_owner, transaction_status
 from relayer.transports.base import Transport
@@ -140,7 +140,12 @@ class UnorderedDispatcher:
         if self._owns:
             for transport in transports.values():
                 await transport.start()
-        pool = StorePool(self.store, purpose="after", max_size=self._max_connections)
+        pool = StorePool(
+            self.store,
+            purpose="after",
+            max_size=self._max_connections,
+            settings=unordered_settings(self.store),
+        )
         self._pool = pool
         await pool.open(within=30)
 

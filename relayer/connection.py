@@ -13,14 +13,33 @@ from relayer.settings import StoreSettings
 APPLICATION_NAME = "relayer"
 
 
+def connection_kwargs(store: StoreSettings, *, autocommit: bool, name: str) -> dict[str, Any]:
+    """The keyword arguments of every connection relayer opens to ``store``, named
+    ``relayer:NAME`` in pg_stat_activity."""
+    kwargs: dict[str, Any] = {
+        "autocommit": autocommit,
+        "application_name": f"{APPLICATION_NAME}:{name}"[:63],
+    }
+    if store.pooler == "transaction":
+        # A server-side prepared statement lives on one server connection, and a transaction
+        # pooler hands the next transaction to any (PgBouncer before 1.21 cannot route them).
+        kwargs["prepare_threshold"] = None
+    return kwargs
+
+
 async def connect(
-    store: StoreSettings, *, autocommit: bool = True, purpose: str = "relayer"
+    store: StoreSettings,
+    *,
+    autocommit: bool = True,
+    purpose: str = "relayer",
+    dsn: str | None = None,
 ) -> psycopg.AsyncConnection[Any]:
-    """An async connection to ``store``'s database (StoreError with a redacted reason)."""
-    dsn = store.require_dsn()
+    """An async connection to ``store``'s database (StoreError with a redacted reason);
+    through ``dsn`` instead of the store's when given (its ``listen_dsn`` or ``admin_dsn``)."""
+    dsn = dsn or store.require_dsn()
     try:
         return await psycopg.AsyncConnection.connect(
-            dsn, autocommit=autocommit, application_name=f"{APPLICATION_NAME}:{purpose}"[:63]
+            dsn, **connection_kwargs(store, autocommit=autocommit, name=purpose)
         )
     except (psycopg.Error, OSError) as exc:
         raise StoreError(

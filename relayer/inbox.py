@@ -31,6 +31,7 @@ from uuid import UUID
 import psycopg
 
 from relayer.errors import InvalidMessageError, SchemaNotAppliedError
+from relayer.pooling import caller_prepare
 from relayer.sequences import sequence_of
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
@@ -110,6 +111,7 @@ class Inbox:
     def __init__(self, store: StoreSettings) -> None:
         self.store = store
         self._claim = queries_for(store.names)["inbox_claim"]
+        self._prepare = caller_prepare(store.pooler)
 
     def __repr__(self) -> str:
         return f"Inbox(store={self.store.name!r})"
@@ -128,7 +130,7 @@ class Inbox:
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         require_transaction(connection, "inbox entry")
         try:
-            row = connection.execute(self._claim, params).fetchone()
+            row = connection.execute(self._claim, params, prepare=self._prepare).fetchone()
         except psycopg.errors.UndefinedTable as exc:
             raise self._not_applied() from exc
         return _verdict(params, row)
@@ -153,7 +155,7 @@ class Inbox:
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         require_transaction(connection, "inbox entry")
         try:
-            cursor = await connection.execute(self._claim, params)
+            cursor = await connection.execute(self._claim, params, prepare=self._prepare)
             row = await cursor.fetchone()
         except psycopg.errors.UndefinedTable as exc:
             raise self._not_applied() from exc

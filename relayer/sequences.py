@@ -38,23 +38,30 @@ def _first_numbers(
 
 
 def reserve_sync(
-    connection: psycopg.Connection[Any], query: LiteralString, keys: Iterable[str | None]
+    connection: psycopg.Connection[Any],
+    query: LiteralString,
+    keys: Iterable[str | None],
+    prepare: bool | None = None,
 ) -> dict[str, int]:
-    """Reserve numbers for ``keys`` (one per occurrence; None is skipped): key -> first."""
+    """Reserve numbers for ``keys`` (one per occurrence; None is skipped): key -> first.
+    ``prepare`` is psycopg's (relayer.pooling.caller_prepare)."""
     counts = _counts(keys)
     if not counts["keys"]:
         return {}
-    rows = connection.execute(query, counts).fetchall()
+    rows = connection.execute(query, counts, prepare=prepare).fetchall()
     return _first_numbers(rows, counts)
 
 
 async def reserve_async(
-    connection: psycopg.AsyncConnection[Any], query: LiteralString, keys: Iterable[str | None]
+    connection: psycopg.AsyncConnection[Any],
+    query: LiteralString,
+    keys: Iterable[str | None],
+    prepare: bool | None = None,
 ) -> dict[str, int]:
     counts = _counts(keys)
     if not counts["keys"]:
         return {}
-    cursor = await connection.execute(query, counts)
+    cursor = await connection.execute(query, counts, prepare=prepare)
     return _first_numbers(await cursor.fetchall(), counts)
 
 

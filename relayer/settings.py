@@ -41,6 +41,7 @@ from relayer.environment import check_environment
 from relayer.errors import ConfigurationError, Shown
 from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
 from relayer.lanes import MAX_LANES
+from relayer.pooling import Pooler, check_pooler, dsn_sets_options, same_pool
 from relayer.redact import MASK, is_secret_name, redact, redact_mapping
 
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
@@ -134,6 +135,12 @@ class StoreSettings(BaseModel):
 
     name: str = "default"
     dsn: str | None = Field(default=None, repr=False)
+    # A pooler in front of dsn (relayer.pooling): "transaction" keeps no session state.
+    pooler: Annotated[Pooler, BeforeValidator(check_pooler)] = "none"
+    # Where LISTEN runs (a direct connection or a session-mode pool), and where the schema
+    # commands connect; both default to dsn (LISTEN: not through a transaction pooler).
+    listen_dsn: str | None = Field(default=None, repr=False)
+    admin_dsn: str | None = Field(default=None, repr=False)
     db_schema: str = Field(default="public", alias="schema")
     table_prefix: str = "relayer_"
     lanes: Count = 64
@@ -160,7 +167,7 @@ class StoreSettings(BaseModel):
     sequence_numbers: bool = False
     sequence_retention: OptionalDuration = None
 
-    @field_validator("dsn")
+    @field_validator("dsn", "listen_dsn", "admin_dsn")
     @classmethod
     def _check_dsn(cls, value: str | None) -> str | None:
         return check_dsn(value)
@@ -278,7 +285,29 @@ class StoreSettings(BaseModel):
                 self.default_transport,
                 f"must name one of this store's transports ({_names(self.transports)})",
             )
+        self.check_pooled(self.dsn, "dsn")
         return self
+
+    def check_pooled(self, dsn: str | None, field: str) -> None:
+        """Refuse what a transaction pooler cannot serve: ``options`` in a DSN it is in front
+        of, and a ``listen_dsn`` that reaches the same pool (LISTEN would never fire)."""
+        if self.pooler != "transaction" or not dsn:
+            return
+        if dsn_sets_options(dsn):
+            raise _RelationError(
+                field,
+                dsn,
+                "sets options, which a pooler in transaction mode refuses at connect (pooler = "
+                "'transaction'); set them on the role (ALTER ROLE ... SET) or remove them",
+            )
+        if self.listen_dsn and same_pool(self.listen_dsn, dsn):
+            raise _RelationError(
+                "listen_dsn",
+                self.listen_dsn,
+                "reaches the same pool as dsn, which pools by transaction (pooler = "
+                "'transaction'), where LISTEN never fires; point it at the database directly "
+                "or at a session-mode pool, or leave it out to poll",
+            )
 
     @property
     def names(self) -> StoreNames:
@@ -297,10 +326,12 @@ class StoreSettings(BaseModel):
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         yield "name", self.name
-        yield "dsn", redact(self.dsn) if self.dsn else None
         for field in type(self).model_fields:
-            if field not in ("name", "dsn"):
-                yield field, getattr(self, field)
+            value = getattr(self, field)
+            if field.endswith("dsn"):
+                yield field, redact(value) if value else None
+            elif field != "name":
+                yield field, value
 
 
 class WorkerSettings(BaseModel):
@@ -367,6 +398,12 @@ class RelayerSettings(BaseSettings):
                     f"{seen[where]!r}; distinct stores must not share tables",
                 )
             seen[where] = name
+            if store.dsn is None:
+                try:
+                    store.check_pooled(self.dsn, "dsn")
+                except _RelationError as exc:
+                    field = "dsn" if exc.field == "dsn" else f"stores.{name}.{exc.field}"
+                    raise _RelationError(field, exc.value, exc.rule) from None
         for name, weight in self.worker.weights.items():
             if name not in self.stores:
                 close = difflib.get_close_matches(name, list(self.stores), n=1)
@@ -515,7 +552,7 @@ def configuration_error_from(exc: ValidationError, prefix: str = "") -> Configur
     field = ".".join(part for part in ([prefix] if prefix else []) + location if part)
     if not field:
         field = "settings"
-    if any(is_secret_name(part) or part == "dsn" for part in location):
+    if any(is_secret_name(part) or part.endswith("dsn") for part in location):
         value = MASK if value is not None else None
     elif isinstance(value, str):
         value = redact(value)

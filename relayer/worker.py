@@ -48,7 +48,7 @@ from relayer.relay import (
     ScanResult,
 )
 from relayer.settings import StoreSettings, WorkerSettings
-from relayer.store import RelayStore, Session, StorePool, listen
+from relayer.store import RelayStore, Session, StorePool, batch_settings, can_listen, listen
 from relayer.throttle import ThrottledLog, shape
 from relayer.tracing import RelayTracer, relay_tracer
 from relayer.transports.base import Transport
@@ -121,14 +121,9 @@ class StoreRuntime:
             max_size=pool_size,
             # A scan waiting for a connection must give its slot back well within a lease.
             timeout=max(store.lease_duration.total_seconds() / 4, 1.0),
-            # A batch's commit records deletes of rows the broker already has: losing it in a
-            # server crash only sends those rows again (at-least-once holds), so it need not
-            # wait for the WAL flush. No bitmap scans: a lane's rows are inserted and deleted
-            # all day; an ordered index scan marks the entries of deleted rows dead as it passes
-            # them (later scans skip them), a bitmap scan does not, so each read would walk every
-            # row the lane lost since the last vacuum (about a fifth more database CPU per
-            # batch). Set for the connection, not per transaction: one statement less a batch.
-            options="-c synchronous_commit=off -c enable_bitmapscan=off",
+            # Set for the connection, not per transaction (one statement less a batch), unless
+            # a transaction pooler is in front (then each batch sets them: RelayStore).
+            settings=batch_settings(store),
         )
         # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
         self.maintenance = Maintenance(
@@ -355,6 +350,16 @@ class StoreRuntime:
 
     async def listen(self, stop: asyncio.Event) -> None:
         """Wake lanes on writers' notifications; reconnect after failures (polls cover gaps)."""
+        if not can_listen(self.store):
+            logger.info(
+                "store %s: no LISTEN behind a transaction pooler (pooler = 'transaction', no "
+                "listen_dsn): probing every poll_interval (%g s); set listen_dsn to a direct "
+                "connection or a session-mode pool to be woken at once",
+                self.store.name,
+                self.relay.poll,
+                extra={"action": "listen_off", "store": self.store.name},
+            )
+            return
         while not stop.is_set():
             try:
                 async with listen(self.store) as notifications:

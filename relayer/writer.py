@@ -23,6 +23,7 @@ from psycopg.pq import Format
 from relayer.errors import InvalidMessageError, Shown
 from relayer.ids import uuid7, uuid7_block, uuid7_iter
 from relayer.lanes import UNORDERED_LANE, lane_for
+from relayer.pooling import caller_prepare
 from relayer.schema import StoreMeta, verify_meta
 from relayer.sequences import reserve_async, reserve_sync, stamped_json
 from relayer.settings import RelayerSettings, StoreSettings
@@ -119,6 +120,8 @@ class Outbox:
         self._insert = self._queries["insert_message"]
         self._insert_notify = self._queries["insert_message_notify"]
         self._reserve = self._queries["reserve_sequences"]
+        # Behind a transaction pooler no statement of the writer is prepared on the server.
+        self._prepare = caller_prepare(store.pooler)
         self._meta: StoreMeta | None = None
         self._meta_lock = threading.Lock()
         # Told (conn, ids) after unordered rows were inserted through conn, so that an
@@ -269,9 +272,10 @@ class Outbox:
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         self._verify_sync(connection)
         if self.store.sequence_numbers and fields[1] is not None:
-            fields = self._stamp([fields], reserve_sync(connection, self._reserve, [fields[1]]))[0]
+            reserved = reserve_sync(connection, self._reserve, [fields[1]], self._prepare)
+            fields = self._stamp([fields], reserved)[0]
         row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
-        connection.execute(*self._insert_statement(row))
+        connection.execute(*self._insert_statement(row), prepare=self._prepare)
         self._remember_unordered(conn, [row])
         return row[0]
 
@@ -284,7 +288,8 @@ class Outbox:
         self._verify_sync(connection)
         if self.store.sequence_numbers:
             keys = [fields[1] for fields in validated]
-            validated = self._stamp(validated, reserve_sync(connection, self._reserve, keys))
+            first = reserve_sync(connection, self._reserve, keys, self._prepare)
+            validated = self._stamp(validated, first)
         rows: list[Row] = []
         with connection.cursor() as cursor:
             with cursor.copy(self._queries["copy_messages"]) as copy:
@@ -292,7 +297,7 @@ class Outbox:
                 for row in _streamed(validated, rows):
                     copy.write_row(row)
             if self._wakes_workers(rows):
-                cursor.execute(*self._notify_statement(rows))
+                cursor.execute(*self._notify_statement(rows), prepare=self._prepare)
         self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
 
@@ -319,11 +324,15 @@ class Outbox:
         if self._meta is not None:
             return
         with self._meta_lock:
-            exists = connection.execute(self._queries["table_exists"], (_regclass(self.store),))
+            exists = connection.execute(
+                self._queries["table_exists"], (_regclass(self.store),), prepare=self._prepare
+            )
             found = exists.fetchone()
             meta = None
             if found and found[0]:
-                row = connection.execute(self._queries["read_meta"]).fetchone()
+                row = connection.execute(
+                    self._queries["read_meta"], prepare=self._prepare
+                ).fetchone()
                 meta = StoreMeta(int(row[0]), int(row[1])) if row else None
             self._meta = verify_meta(self.store, meta)
 
@@ -347,10 +356,10 @@ class Outbox:
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         await self._verify_async(connection)
         if self.store.sequence_numbers and fields[1] is not None:
-            first = await reserve_async(connection, self._reserve, [fields[1]])
+            first = await reserve_async(connection, self._reserve, [fields[1]], self._prepare)
             fields = self._stamp([fields], first)[0]
         row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
-        await connection.execute(*self._insert_statement(row))
+        await connection.execute(*self._insert_statement(row), prepare=self._prepare)
         self._remember_unordered(conn, [row])
         return row[0]
 
@@ -363,7 +372,8 @@ class Outbox:
         await self._verify_async(connection)
         if self.store.sequence_numbers:
             keys = [fields[1] for fields in validated]
-            validated = self._stamp(validated, await reserve_async(connection, self._reserve, keys))
+            first = await reserve_async(connection, self._reserve, keys, self._prepare)
+            validated = self._stamp(validated, first)
         rows: list[Row] = []
         async with connection.cursor() as cursor:
             async with cursor.copy(self._queries["copy_messages"]) as copy:
@@ -371,7 +381,7 @@ class Outbox:
                 for row in _streamed(validated, rows):
                     await copy.write_row(row)
             if self._wakes_workers(rows):
-                await cursor.execute(*self._notify_statement(rows))
+                await cursor.execute(*self._notify_statement(rows), prepare=self._prepare)
         self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
 
@@ -380,11 +390,13 @@ class Outbox:
         _ensure_json_dumpers(connection.adapters)
         if self._meta is not None:
             return
-        exists = await connection.execute(self._queries["table_exists"], (_regclass(self.store),))
+        exists = await connection.execute(
+            self._queries["table_exists"], (_regclass(self.store),), prepare=self._prepare
+        )
         found = await exists.fetchone()
         meta = None
         if found and found[0]:
-            cursor = await connection.execute(self._queries["read_meta"])
+            cursor = await connection.execute(self._queries["read_meta"], prepare=self._prepare)
             row = await cursor.fetchone()
             meta = StoreMeta(int(row[0]), int(row[1])) if row else None
         self._meta = verify_meta(self.store, meta)

@@ -14,6 +14,7 @@ from psycopg import sql
 
 from relayer import schema
 from relayer.settings import StoreSettings, store_settings
+from tests.pgbouncer import PgBouncer, find_pgbouncer
 from tests.services import find_rabbitmq, start_kafka, start_postgres, started, unavailable
 
 _database_numbers = itertools.count()
@@ -126,3 +127,34 @@ def rabbitmq_url() -> Iterator[str]:
         yield service.address
     finally:
         service.stop()
+
+
+def start_pgbouncer(server: str, **options: Any) -> PgBouncer:
+    """A started PgBouncer in front of ``server`` (tests/pgbouncer.py); skips or, under CI,
+    fails the test when pgbouncer is not installed."""
+    binary = find_pgbouncer()
+    if binary is None:
+        unavailable("pgbouncer is not installed (Debian: apt-get install pgbouncer)")
+    assert binary is not None
+    return PgBouncer(binary, server, **options).start()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server: str) -> Iterator[PgBouncer]:
+    """PgBouncer pooling by transaction, 8 server connections per database."""
+    bouncer = start_pgbouncer(pg_server, pool_size=8)
+    try:
+        yield bouncer
+    finally:
+        bouncer.close()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_strict(pg_server: str) -> Iterator[PgBouncer]:
+    """PgBouncer pooling by transaction over 2 server connections per database, running
+    DISCARD ALL whenever one changes hands: any session state a client counts on is lost."""
+    bouncer = start_pgbouncer(pg_server, pool_size=2, reset_always=True)
+    try:
+        yield bouncer
+    finally:
+        bouncer.close()

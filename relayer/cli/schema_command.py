@@ -53,7 +53,7 @@ async def _grants(context: Context) -> int:
 
 async def _apply(context: Context) -> int:
     store = context.store(context.arguments.store)
-    async with await connect(store, purpose="schema") as conn:
+    async with await connect(store, purpose="schema", dsn=store.admin_dsn) as conn:
         result = await schema.apply(conn, store)
     where = f"{store.db_schema}.{store.table_prefix}*"
     if result.applied:
@@ -68,7 +68,7 @@ async def _apply(context: Context) -> int:
 
 async def _check(context: Context) -> int:
     store = context.store(context.arguments.store)
-    async with await connect(store, purpose="schema") as conn:
+    async with await connect(store, purpose="schema", dsn=store.admin_dsn) as conn:
         drift = await schema.check(conn, store)
     if not drift:
         print(

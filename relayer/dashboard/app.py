@@ -30,6 +30,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from relayer import __version__
+from relayer.connection import connection_kwargs
 from relayer.dashboard import reads
 from relayer.dashboard.actions import BulkRuns
 from relayer.dashboard.format import FILTERS
@@ -83,10 +84,7 @@ class Dashboard:
                 max_size=4,
                 open=False,
                 timeout=POOL_TIMEOUT,
-                kwargs={
-                    "autocommit": True,
-                    "application_name": f"relayer:{store.name}:dashboard"[:63],
-                },
+                kwargs=connection_kwargs(store, autocommit=True, name=f"{store.name}:dashboard"),
                 name=f"relayer-dashboard-{store.name}",
             )
             sampler = StoreSampler(store, pool, interval=interval, refine_interval=refine_interval)

@@ -15,6 +15,14 @@ hold and any stray lock is released (or the connection is closed, which releases
 
 A limit applies to claims made while it is set: lowering it never stops running jobs, and
 jobs of a queue claimed while it had no limit hold no slot and are not counted.
+
+Behind a transaction pooler (``pooler = "transaction"``) a session lock would stay on a server
+connection that other clients get next. There the dispatcher keeps a transaction open for as
+long as it holds a slot, so its server connection stays its own (the slot locks are session
+locks all the same, taken and released one by one inside it); each claim runs under a
+savepoint, so a failed one leaves the transaction usable for the stray-lock check; and once no
+slot is held it releases every lock and commits, handing the server connection back. A process
+that dies mid-transaction makes the pooler close that server connection, which frees the slots.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from relayer.connection import connect
 from relayer.dispatch.cluster import (
@@ -68,6 +77,8 @@ class PostgresClusterState:
             lambda: connect(store, purpose=f"dispatcher:{store.name}")
         )
         self._conn: psycopg.AsyncConnection[Any] | None = None
+        # Behind a transaction pooler: hold slots only inside an open transaction (see above).
+        self._pinned = store.pooler == "transaction"
         self._lock = asyncio.Lock()
         self._epoch = 0
         self._keys: dict[str, int] = {}
@@ -94,8 +105,9 @@ class PostgresClusterState:
 
     @property
     def backend_pid(self) -> int | None:
-        """The server process of the dispatcher connection (its locks show under this pid)."""
-        if self._conn is None or self._conn.closed:
+        """The server process of the dispatcher connection (its locks show under this pid);
+        None behind a transaction pooler, which reports a number of its own."""
+        if self._conn is None or self._conn.closed or self._pinned:
             return None
         return int(self._conn.info.backend_pid)
 
@@ -112,7 +124,10 @@ class PostgresClusterState:
                 # The server ends a closed connection's backend a moment later; unlocking first
                 # frees the slots before close() returns.
                 with contextlib.suppress(psycopg.Error):
-                    await conn.execute(self._queries["queue_unlock_all"])
+                    if self._pinned:
+                        await self._unpin(conn)
+                    else:
+                        await conn.execute(self._queries["queue_unlock_all"])
                 await conn.close()
             self._held.clear()
             self._forget_connection()
@@ -157,6 +172,7 @@ class PostgresClusterState:
                 return  # the locks died with the connection
             try:
                 await self._unlock(conn, pairs)
+                await self._unpin_when_idle(conn)
             except psycopg.Error as exc:
                 await self._recover(conn, exc)
 
@@ -182,14 +198,59 @@ class PostgresClusterState:
                 "release_slots": [pair[1] for pair in releases],
             }
             try:
-                cursor = await conn.execute(self._queries["queue_claim"], params)
-                rows = await cursor.fetchall()
+                rows = await self._claim(conn, params)
             except psycopg.Error as exc:
                 await self._recover(conn, exc)
                 raise DispatchError(
                     f"store {self.store.name!r}: claiming queue slots failed: {exc}"
                 ) from exc
-            return self._result(request, keys, rows)
+            result = self._result(request, keys, rows)
+            if self._pinned and not self._held:
+                self._keep(asyncio.ensure_future(self._end_idle_transaction(conn)))
+            return result
+
+    async def _claim(self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]) -> list[Any]:
+        cursor = await self._run(conn, self._queries["queue_claim"], params)
+        return await cursor.fetchall()
+
+    async def _run(
+        self, conn: psycopg.AsyncConnection[Any], query: Any, params: Any
+    ) -> psycopg.AsyncCursor[Any]:
+        """One statement that may take or release slot locks; pinned: inside the transaction
+        (begun if none is open) and under the savepoint, in one round trip."""
+        if not self._pinned:
+            return await conn.execute(query, params)
+        async with conn.pipeline():
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                await conn.execute("BEGIN")
+            await conn.execute("SAVEPOINT relayer_claim")
+            cursor = await conn.execute(query, params)
+            await conn.execute("RELEASE SAVEPOINT relayer_claim")
+        return cursor
+
+    async def _end_idle_transaction(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """After a claim that left no slot held: hand the server connection back (off the
+        claim's path; the next claim waits for it, or continues the transaction first)."""
+        async with self._lock:
+            if conn is not self._conn or conn.closed:
+                return
+            try:
+                await self._unpin_when_idle(conn)
+            except psycopg.Error as exc:
+                await self._recover(conn, exc)
+
+    async def _unpin_when_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self._pinned and not self._held and not self._pending:
+            await self._unpin(conn)
+
+    async def _unpin(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Release every lock of the session and end its transaction: nothing of this client
+        stays on the server connection the pooler lends to the next one."""
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            return
+        async with conn.pipeline():
+            await conn.execute(self._queries["queue_unlock_all"])
+            await conn.execute("COMMIT")
 
     def _result(self, request: ClaimRequest, keys: list[int], rows: list[Any]) -> ClaimResult:
         grants: list[Grant] = []
@@ -233,9 +294,13 @@ class PostgresClusterState:
         self._pending.clear()
 
     async def _recover(self, conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> None:
-        """After a failed call: release stray locks, or drop the connection (which does)."""
+        """After a failed call: release stray locks, or drop the connection (which does; behind
+        a transaction pooler, leaving mid-transaction makes it close the server connection)."""
         if not conn.closed and not conn.broken:
             try:
+                if conn.info.transaction_status == TransactionStatus.INERROR:
+                    # Only pinned statements run in a transaction, each under the savepoint.
+                    await conn.execute("ROLLBACK TO SAVEPOINT relayer_claim")
                 cursor = await conn.execute(
                     self._queries["queue_own_slot_locks"], (list(self._keys.values()),)
                 )
@@ -246,6 +311,7 @@ class PostgresClusterState:
                 ]
                 if stray:
                     await self._unlock(conn, stray)
+                await self._unpin_when_idle(conn)
                 return
             except psycopg.Error:
                 pass
@@ -262,7 +328,8 @@ class PostgresClusterState:
     async def _unlock(
         self, conn: psycopg.AsyncConnection[Any], pairs: list[tuple[int, int]]
     ) -> None:
-        await conn.execute(
+        await self._run(
+            conn,
             self._queries["queue_unlock_slots"],
             ([pair[0] for pair in pairs], [pair[1] for pair in pairs]),
         )

@@ -11,7 +11,17 @@ translated once, here, into StoreError (with redacted messages and the driver's 
 - ``maintenance``: retention and the health check.
 """
 
-from relayer.store.connections import Connect, Notifications, Session, StorePool, listen
+from relayer.store.connections import (
+    Connect,
+    Notifications,
+    Session,
+    StorePool,
+    batch_settings,
+    can_listen,
+    listen,
+    local_settings,
+    unordered_settings,
+)
 from relayer.store.driver import Connection
 from relayer.store.maintenance import DroppedKey, MaintenanceStore
 from relayer.store.relay import (
@@ -43,5 +53,9 @@ __all__ = [
     "StorePool",
     "UnorderedStore",
     "abandon",
+    "batch_settings",
+    "can_listen",
     "listen",
+    "local_settings",
+    "unordered_settings",
 ]

@@ -10,18 +10,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from relayer.connection import APPLICATION_NAME, connect
+from relayer.connection import connect, connection_kwargs
+from relayer.pooling import idle_timeout_setting
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import DRIVER_ERRORS, Connection, is_broken, store_error, translated
 
 Connect = Callable[[], Awaitable[Connection]]
+Settings = Mapping[str, str]
+
+
+def unordered_settings(store: StoreSettings) -> Settings:
+    """The server settings of transactions that hold claimed rows while they publish: ended
+    by the server past three quarters of a lease idle (relayer.pooling.idle_timeout), so the
+    rows of a silently partitioned sender are not locked for hours."""
+    return {"idle_in_transaction_session_timeout": idle_timeout_setting(store.lease_duration)}
+
+
+def batch_settings(store: StoreSettings) -> Settings:
+    """The server settings of lane batch transactions (and the maintenance on their pool).
+
+    A batch's commit records deletes of rows the broker already has: losing it in a server
+    crash only sends those rows again (at-least-once holds), so it need not wait for the WAL
+    flush. No bitmap scans: a lane's rows are inserted and deleted all day; an ordered index
+    scan marks the entries of deleted rows dead as it passes them (later scans skip them), a
+    bitmap scan does not, so each read would walk every row the lane lost since the last vacuum
+    (about a fifth more database CPU per batch). And the idle limit of unordered_settings: a
+    batch holds its lanes' lease rows locked.
+    """
+    return {
+        "synchronous_commit": "off",
+        "enable_bitmapscan": "off",
+        **unordered_settings(store),
+    }
+
+
+def local_settings(store: StoreSettings, settings: Settings) -> dict[str, list[str]] | None:
+    """The parameters of the ``set_local`` statement a transaction runs first behind a
+    transaction pooler, or None when the pool's start-up options carry ``settings``."""
+    if store.pooler == "none":
+        return None
+    return {"names": list(settings), "values": list(settings.values())}
 
 
 class StorePool:
@@ -29,6 +63,11 @@ class StorePool:
 
     ``connection()`` lends one for a block; a PoolTimeout (no connection free within
     ``timeout``), a closed pool or a driver error anywhere in the block is a StoreError.
+
+    ``settings`` (name -> value) are the server settings of every transaction on the pool:
+    given at connect as start-up options, except behind a transaction pooler (which refuses
+    them and would not keep them), where each transaction that needs them sets them itself
+    (:func:`local_settings`).
     """
 
     def __init__(
@@ -38,16 +77,13 @@ class StorePool:
         purpose: str,
         max_size: int,
         timeout: float = 30.0,
-        options: str | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
         self.purpose = purpose
-        kwargs: dict[str, Any] = {
-            "autocommit": False,
-            "application_name": f"{APPLICATION_NAME}:{store.name}:{purpose}"[:63],
-        }
-        if options is not None:
-            kwargs["options"] = options
+        kwargs = connection_kwargs(store, autocommit=False, name=f"{store.name}:{purpose}")
+        if settings and store.pooler == "none":
+            kwargs["options"] = " ".join(f"-c {name}={value}" for name, value in settings.items())
         self._pool: AsyncConnectionPool = AsyncConnectionPool(
             store.require_dsn(),
             min_size=1,
@@ -138,8 +174,11 @@ class Session:
 
     @property
     def backend_pid(self) -> int | None:
-        """The server process of the open connection, if any (tests and diagnostics)."""
-        return None if is_broken(self._conn) else self._conn.info.backend_pid  # type: ignore[union-attr]
+        """The server process of the open connection, if any (tests and diagnostics); None
+        behind a transaction pooler, which reports a number of its own."""
+        if is_broken(self._conn) or self.store.pooler == "transaction":
+            return None
+        return self._conn.info.backend_pid  # type: ignore[union-attr]
 
     async def close(self) -> None:
         async with self._lock:
@@ -170,11 +209,18 @@ class Notifications:
             ]
 
 
+def can_listen(store: StoreSettings) -> bool:
+    """Whether a LISTEN on ``store`` would be kept: on ``listen_dsn``, or on ``dsn`` when no
+    transaction pooler is in front of it (there it would silently never fire)."""
+    return store.pooler == "none" or bool(store.listen_dsn)
+
+
 @asynccontextmanager
 async def listen(store: StoreSettings) -> AsyncIterator[Notifications]:
-    """A connection of its own that LISTENs on ``store``'s notify channel for the block."""
+    """A connection of its own (on ``listen_dsn`` when set) that LISTENs on ``store``'s
+    notify channel for the block."""
     with translated(store, "LISTEN"):
-        conn = await connect(store, purpose=f"{store.name}:listen")
+        conn = await connect(store, purpose=f"{store.name}:listen", dsn=store.listen_dsn)
     try:
         with translated(store, "LISTEN"):
             await conn.execute(queries_for(store.names)["listen"])

@@ -20,6 +20,7 @@ from relayer import schema
 from relayer.errors import FencedWriteError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.store.connections import batch_settings, local_settings
 from relayer.store.driver import DRIVER_ERRORS, Connection, store_error, translated
 from relayer.transports.base import OutboundBatch
 
@@ -110,6 +111,9 @@ class RelayStore:
         self.store = store
         self.queries = queries_for(store.names)
         self.lease = store.lease_duration
+        # Behind a transaction pooler each batch sets its own settings (else the pool's
+        # connections carry them).
+        self.local = local_settings(store, batch_settings(store))
 
     async def prepare(self, conn: Connection) -> None:
         """Before serving the store: refuse a missing, old or drifted schema or another lane
@@ -182,6 +186,8 @@ class RelayStore:
         # holder of a lane committed just before.
         try:
             async with conn.pipeline():
+                if self.local is not None:
+                    await conn.execute(self.queries["set_local"], self.local)
                 locked = await conn.execute(self.queries["lock_lanes"], params)
                 read = await conn.execute(self.queries["read_batch"], params, binary=True)
             tokens = {int(lane): lane_token for lane, lane_token in await locked.fetchall()}

@@ -15,6 +15,7 @@ from uuid import UUID
 from relayer.errors import FencedWriteError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.store.connections import local_settings, unordered_settings
 from relayer.store.driver import Connection, translated
 from relayer.transports.base import OutgoingMessage
 
@@ -40,6 +41,7 @@ class UnorderedStore:
     def __init__(self, store: StoreSettings) -> None:
         self.store = store
         self.queries = queries_for(store.names)
+        self.local = local_settings(store, unordered_settings(store))
 
     async def claim_ids(self, conn: Connection, ids: Sequence[UUID]) -> list[Claimed]:
         """The rows with these ids that exist, are due and no other sender holds, locked."""
@@ -54,7 +56,12 @@ class UnorderedStore:
         self, conn: Connection, query: str, params: Mapping[str, Any]
     ) -> list[Claimed]:
         with translated(self.store, "claim unordered rows"):
-            cursor = await conn.execute(self.queries[query], params, binary=True)
+            if self.local is None:
+                cursor = await conn.execute(self.queries[query], params, binary=True)
+            else:
+                async with conn.pipeline():  # one round trip all the same
+                    await conn.execute(self.queries["set_local"], self.local)
+                    cursor = await conn.execute(self.queries[query], params, binary=True)
             rows = await cursor.fetchall()
         return [_message(row) for row in rows]
 

@@ -307,6 +307,35 @@ CASES: list[tuple[CliCase, str]] = [
         "connect_timeout, close_timeout, reconnect_interval)",
     ),
     (
+        CliCase("pooler-session", PRINT, {STORE + "POOLER": "session"}),
+        "stores.orders.pooler: 'session' is invalid: must be 'none' (a direct connection, or a "
+        "pooler in session mode) or 'transaction' (PgBouncer, PgCat or Supavisor pooling by "
+        "transaction)",
+    ),
+    (
+        CliCase(
+            "options-behind-a-transaction-pooler",
+            RUN,
+            {
+                STORE + "POOLER": "transaction",
+                STORE + "DSN": UNREACHABLE_DSN + "&options=-c%20statement_timeout%3D5s",
+            },
+        ),
+        "stores.orders.dsn: '***' is invalid: sets options, which a pooler in transaction mode "
+        "refuses at connect (pooler = 'transaction'); set them on the role (ALTER ROLE ... SET) "
+        "or remove them",
+    ),
+    (
+        CliCase(
+            "listen-dsn-through-the-transaction-pool",
+            RUN,
+            {STORE + "POOLER": "transaction", STORE + "LISTEN_DSN": UNREACHABLE_DSN},
+        ),
+        "stores.orders.listen_dsn: '***' is invalid: reaches the same pool as dsn, which pools "
+        "by transaction (pooler = 'transaction'), where LISTEN never fires; point it at the "
+        "database directly or at a session-mode pool, or leave it out to poll",
+    ),
+    (
         CliCase("queue-limit-zero", ("queue", "limit", "orders", "0")),
         "limit: 0 is invalid: must be an integer from 1 to 2,147,483,647, or 'none' to remove "
         "the limit",

@@ -11,7 +11,8 @@ from relayer.embedded import EmbeddedPostgres
 from tests.chaos.brokers import KafkaTarget, RabbitTarget
 from tests.chaos.checker import RESULTS, table
 from tests.chaos.proxy import LoopThread
-from tests.conftest import with_database
+from tests.conftest import start_pgbouncer, with_database
+from tests.pgbouncer import PgBouncer
 
 
 @pytest.fixture
@@ -51,6 +52,17 @@ def own_postgres() -> Iterator[tuple[EmbeddedPostgres, str]]:
         yield server, with_database(server.dsn, "chaos")
     finally:
         server.stop()
+
+
+@pytest.fixture
+def bouncer(pg_server: str) -> Iterator[PgBouncer]:
+    """PgBouncer in transaction mode of the test's own (it gets restarted): 10 server
+    connections per database for three workers and the writer."""
+    started = start_pgbouncer(pg_server, pool_size=10)
+    try:
+        yield started
+    finally:
+        started.close()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -5,7 +5,10 @@ and the database-side records the checker reads.
   listener of one PostgreSQL proxy (``sslmode=disable``, so the proxy can read the protocol);
   a fault thereby knows which process sent a statement. A killed worker is replaced by a new
   process on the same slot, as a supervisor would.
-- The writer is a thread with its own direct connection. Each transaction writes rows for
+- Through PgBouncer (``bouncer``): the proxy sits between the workers and PgBouncer in
+  transaction mode, the workers' stores say ``pooler = "transaction"`` and the writer writes
+  through PgBouncer too; the checker's reads stay direct.
+- The writer is a thread with its own connection. Each transaction writes rows for
   random keys, bodies ``key#seq`` with a sequence number per key, and records the ids in the
   table ``chaos_written`` in the same transaction: the committed set is exactly that table,
   even when the writer lost its connection during a COMMIT.
@@ -39,6 +42,7 @@ from tests.chaos.checker import Audit, Report, Written
 from tests.chaos.proxy import LoopThread, Proxy
 from tests.conftest import apply_schema, make_store
 from tests.contract.brokers import Received
+from tests.pgbouncer import PgBouncer
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +147,8 @@ class Writer(threading.Thread):
     def __init__(self, store: StoreSettings, destination: str, settings: Settings) -> None:
         super().__init__(name="chaos-writer", daemon=True)
         self.store = store
+        # The application's own statements: behind a transaction pooler none is prepared.
+        self.prepare_threshold = None if store.pooler == "transaction" else 5
         self.destination = destination
         self.settings = settings
         self.stopping = threading.Event()
@@ -161,10 +167,17 @@ class Writer(threading.Thread):
             next_at += pause
             try:
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(self.store.require_dsn(), connect_timeout=2)
+                    conn = psycopg.connect(
+                        self.store.require_dsn(),
+                        connect_timeout=2,
+                        prepare_threshold=self.prepare_threshold,
+                    )
                 self._write(conn, outbox, rng.choices(keys, k=self.settings.rows_per_transaction))
                 self.commits += 1
-            except psycopg.Error:
+            # ValueError: psycopg 3's COPY end unpacks one result, and a server connection
+            # terminated mid-COPY behind PgBouncer answers with two (an error, then the
+            # termination): the connection is lost all the same.
+            except (psycopg.Error, ValueError):
                 self.failures += 1
                 if conn is not None:
                     conn.close()
@@ -264,6 +277,15 @@ class Workers:
     def _log_text(path: Path) -> str:
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def wait_serving(self, timeout: float = 30) -> None:
+        """Until every current process has logged that it serves (a replacement started late
+        in a short run may still be importing, before its SIGTERM handler exists)."""
+        deadline = time.monotonic() + timeout
+        for slot in range(self.count):
+            while "[action=start " not in self.logs_of(slot) and time.monotonic() < deadline:
+                self.assert_running()
+                time.sleep(0.1)
+
     def stop(self) -> list[int | None]:
         """SIGTERM every worker (SIGCONT first, in case one is stopped); SIGKILL after 30 s."""
         for process in self.processes:
@@ -282,13 +304,16 @@ class Workers:
         return codes
 
 
-def worker_config(store: StoreSettings, dsn: str, settings: Settings, transport: str) -> str:
+def worker_config(
+    store: StoreSettings, dsn: str, settings: Settings, transport: str, pooler: str = "none"
+) -> str:
     return f"""
 [worker]
 pool_size = {settings.pool_size}
 
 [stores.orders]
 dsn = "{dsn}"
+pooler = "{pooler}"
 table_prefix = "{store.table_prefix}"
 lanes = {settings.lanes}
 lease_duration = "{settings.lease}s"
@@ -332,26 +357,33 @@ class Run:
         settings: Settings,
         *,
         extra_env: Callable[[int], dict[str, str]] = lambda slot: {},
+        bouncer: PgBouncer | None = None,
     ) -> None:
         self.report = report
         self.settings = settings
         self.loop = loop
         self.target = target
-        self.store = make_store(dsn, lanes=settings.lanes)
-        self.pg_proxy = loop.call(lambda: Proxy(upstream_of(dsn), protocol="postgres"))
+        self.bouncer = bouncer
+        self.store = make_store(dsn, lanes=settings.lanes)  # direct: schema, audit, checks
+        relayed, pooler = (
+            (dsn, "none") if bouncer is None else (bouncer.dsn_for(dsn), "transaction")
+        )
+        self.pg_proxy = loop.call(lambda: Proxy(upstream_of(relayed), protocol="postgres"))
         self.ports = [loop.run(self.pg_proxy.listen(slot)) for slot in range(report.workers)]
         self.workers = Workers(
             folder,
             lambda slot: worker_config(
                 self.store,
-                via_proxy(dsn, self.ports[slot]),
+                via_proxy(relayed, self.ports[slot]),
                 settings,
                 target.transport_toml(),
+                pooler,
             ),
             report.workers,
             extra_env,
         )
-        self.writer = Writer(self.store, target.destination, settings)
+        writes = make_store(relayed, lanes=settings.lanes, pooler=pooler)
+        self.writer = Writer(writes, target.destination, settings)
         self.started = time.monotonic()
 
     def start(self) -> None:
@@ -384,6 +416,7 @@ class Run:
             pending, parked = backlog(self.store)
         self.report.pending, self.report.parked = pending, parked
         self.report.seconds = time.monotonic() - self.started
+        self.workers.wait_serving()
         codes = self.workers.stop()
         logs = self.workers.all_logs()
         self.report.stale_rollbacks = logs.count("fenced delete matched")

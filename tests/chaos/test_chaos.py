@@ -3,7 +3,8 @@ each; then the checker verifies I1-I5 (tests/chaos/checker.py) and the result go
 table printed at the end of the session (docs/chaos.md).
 
 ``make chaos`` runs every scenario (marker ``chaos``); ``make test`` runs the short smoke
-versions (marker ``chaos_smoke``) of SIGKILL-before-delete and pg_terminate_backend.
+versions (marker ``chaos_smoke``) of SIGKILL-before-delete and pg_terminate_backend (and, in
+tests/chaos/test_pgbouncer.py, of SIGKILL and a restart through PgBouncer).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tests.chaos.checker import RESULTS, Report
 from tests.chaos.faults import StatementFaults, faketime_library, terminate
 from tests.chaos.harness import Run, Settings, Target, running
 from tests.chaos.proxy import LoopThread, Proxy
+from tests.pgbouncer import PgBouncer
 
 SETTINGS = Settings()
 WORKERS = 3
@@ -41,13 +43,15 @@ def relay(
     *,
     prepare: Callable[[Run], None] = lambda run: None,
     extra_env: Callable[[int], dict[str, str]] = lambda slot: {},
+    bouncer: PgBouncer | None = None,
 ) -> Report:
-    """Run ``scenario`` while the writer writes for ``seconds``, check, record, assert."""
+    """Run ``scenario`` while the writer writes for ``seconds``, check, record, assert
+    (through ``bouncer``, PgBouncer in transaction mode, when given)."""
     name = request.node.name
     report = Report(name, fault, target.name, WORKERS, SETTINGS.batch_size, injections=0)
     marker = "chaos_smoke" if request.node.get_closest_marker("chaos_smoke") else "chaos"
     report.command = f"pytest -m {marker} tests/chaos -k {name}"
-    run = Run(report, dsn, tmp_path, loop, target, SETTINGS, extra_env=extra_env)
+    run = Run(report, dsn, tmp_path, loop, target, SETTINGS, extra_env=extra_env, bouncer=bouncer)
     prepare(run)
     try:
         with running(run):
@@ -113,6 +117,15 @@ def terminate_backends(run: Run, seconds: float) -> None:
     until(run, seconds / 2)
     assert terminate(run.store.require_dsn()) > 0
     run.injected()
+
+
+def terminate_backends_all(run: Run, seconds: float) -> None:
+    """Every relay connection of every worker at once, twice (behind a pooler: its server
+    connections, which carry the client's application name)."""
+    for at in (seconds / 4, seconds * 2 / 3):
+        until(run, at)
+        assert terminate(run.store.require_dsn()) > 0
+        run.injected()
 
 
 def postgres_proxy_faults(run: Run, seconds: float) -> None:

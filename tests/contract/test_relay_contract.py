@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import psycopg
+import pytest
 
+from relayer.connection import connect
 from relayer.relay import LaneRelay, Scan
 from relayer.settings import StoreSettings
 from relayer.transports.base import Transport
 from tests.conftest import apply_schema, make_store
 from tests.contract.brokers import Broker
 from tests.integration.relay.helpers import keys_in_lane, parked, pending, write
+from tests.pgbouncer import PgBouncer
 
 
-async def relay_store(dsn: str, transport: Transport) -> StoreSettings:
+async def relay_store(dsn: str, transport: Transport, **overrides: Any) -> StoreSettings:
     store = make_store(
         dsn,
         lanes=4,
@@ -27,21 +29,33 @@ async def relay_store(dsn: str, transport: Transport) -> StoreSettings:
         poll_interval="0.5s",
         transports={transport.name: {"type": "memory"}},  # the name rows refer to
         default_transport=transport.name,
+        **overrides,
     )
     await apply_schema(store)
     return store
 
 
+@pytest.fixture(params=["direct", "pgbouncer_strict"])
+def database(request: pytest.FixtureRequest, pg_dsn: str) -> tuple[str, dict[str, Any]]:
+    """The relay's way to its database: directly, or through PgBouncer pooling by transaction
+    (two server connections, DISCARD ALL whenever one changes hands); DSN and settings."""
+    if request.param == "direct":
+        return pg_dsn, {}
+    bouncer: PgBouncer = request.getfixturevalue(request.param)
+    return bouncer.dsn_for(pg_dsn), {"pooler": "transaction"}
+
+
 async def test_a_bad_destination_parks_only_its_key(
-    broker: Broker, transport: Transport, pg_dsn: str
+    broker: Broker, transport: Transport, database: tuple[str, dict[str, Any]]
 ) -> None:
-    store = await relay_store(pg_dsn, transport)
+    dsn, pooling = database
+    store = await relay_store(dsn, transport, **pooling)
     good_destination = await broker.destination()
     bad_key, *good_keys = keys_in_lane(store, 2, 4)
     write(store, good_keys, per_key=5, destination=good_destination)
     write(store, [bad_key], per_key=3, destination=broker.bad_destination())
     relay = LaneRelay(store, {transport.name: transport}, "member-a")
-    conn: psycopg.AsyncConnection[Any] = await psycopg.AsyncConnection.connect(pg_dsn)
+    conn = await connect(store, autocommit=False, purpose="contract")  # as relayer opens them
     try:
         [result] = await relay.send_lanes(conn, [2])
     finally:

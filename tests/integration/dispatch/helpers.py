@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from relayer.dispatch import PostgresClusterState
 from relayer.dispatch.control import queue_lock_key
 from relayer.settings import StoreSettings
 
@@ -36,6 +37,18 @@ async def slots_in_use(store: StoreSettings, queue: str, pid: int | None = None)
             (queue_lock_key(store.names, queue), pid, pid),
         )
         row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def server_pid(state: PostgresClusterState) -> int:
+    """The server process of a gate's dispatcher connection, asked on it (a pooler's fake
+    BackendKeyData pid is not one; while the gate holds a slot behind a transaction pooler, its
+    transaction keeps that server process)."""
+    conn = state._conn
+    assert conn is not None
+    cursor = await conn.execute("SELECT pg_backend_pid()")
+    row = await cursor.fetchone()
     assert row is not None
     return int(row[0])
 

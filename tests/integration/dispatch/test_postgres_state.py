@@ -22,8 +22,19 @@ from relayer.dispatch.control import queue_lock_key
 from relayer.errors import ConfigurationError, DispatchError, SchemaNotAppliedError
 from relayer.settings import StoreSettings
 from tests.conftest import make_store
-from tests.integration.dispatch.helpers import CountingConnection, slots_in_use
+from tests.integration.dispatch.helpers import CountingConnection, server_pid, slots_in_use
+from tests.integration.pgbouncer.helpers import pooled
 from tests.unit.dispatch.harness import Held, running, settle
+
+
+@pytest.fixture(params=["direct", "pgbouncer_strict"])
+def gated(request: pytest.FixtureRequest, store: StoreSettings) -> StoreSettings:
+    """The store as the gates reach it: directly, or through PgBouncer pooling by transaction
+    (DISCARD ALL whenever a server connection changes hands), where a dispatcher holds its
+    slots inside a transaction it keeps open meanwhile. Controls and counts stay direct."""
+    if request.param == "direct":
+        return store
+    return pooled(store, request.getfixturevalue(request.param))
 
 
 async def control(store: StoreSettings) -> QueueControl:
@@ -57,10 +68,12 @@ async def test_the_migration_creates_the_queue_tables_and_check_stays_clean(
         assert await cursor.fetchall() == [("orders_claim_slots_v1",)]
 
 
-async def test_a_limit_is_exact_across_connections(store: StoreSettings) -> None:
+async def test_a_limit_is_exact_across_connections(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
     admin = await control(store)
     await admin.set_limit("q", 3)
-    async with PostgresClusterState(store) as first, PostgresClusterState(store) as second:
+    async with PostgresClusterState(gated) as first, PostgresClusterState(gated) as second:
         got = await first.acquire(request("q", budget=2))
         assert [grant.slot.number for grant in got.grants] == [0, 1]
         assert got.gates[0].state is GateState.OPEN and got.gates[0].limit == 3
@@ -80,8 +93,10 @@ async def test_a_limit_is_exact_across_connections(store: StoreSettings) -> None
     assert await slots_in_use(store, "q") == 0  # closing the connections freed everything
 
 
-async def test_queues_without_a_limit_take_no_lock(store: StoreSettings) -> None:
-    async with PostgresClusterState(store) as state:
+async def test_queues_without_a_limit_take_no_lock(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
+    async with PostgresClusterState(gated) as state:
         result = await state.acquire(request("free", budget=4))
         assert [grant.slot.number for grant in result.grants] == [None] * 4
         assert state.held == 0
@@ -90,9 +105,10 @@ async def test_queues_without_a_limit_take_no_lock(store: StoreSettings) -> None
 
 async def test_a_slot_released_in_a_pass_is_granted_again_in_that_pass(
     store: StoreSettings,
+    gated: StoreSettings,
 ) -> None:
     await (await control(store)).set_limit("q", 1)
-    async with PostgresClusterState(store) as state:
+    async with PostgresClusterState(gated) as state:
         [grant] = (await state.acquire(request("q"))).grants
         state.release(grant.slot)
         [again] = (await state.acquire(request("q"))).grants  # release + claim: one call
@@ -100,9 +116,11 @@ async def test_a_slot_released_in_a_pass_is_granted_again_in_that_pass(
         assert await slots_in_use(store, "q") == 1
 
 
-async def test_pause_stops_the_next_claim_of_another_connection(store: StoreSettings) -> None:
+async def test_pause_stops_the_next_claim_of_another_connection(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
     admin = await control(store)
-    async with PostgresClusterState(store) as state:
+    async with PostgresClusterState(gated) as state:
         assert len((await state.acquire(request("q", budget=1))).grants) == 1
         await admin.pause("q", reason="disk full", by="ops@box:1")
         paused = await state.acquire(request("q", "other"))
@@ -141,11 +159,11 @@ async def test_a_bad_limit_is_rejected_with_a_clear_message(
     assert await admin.events() == ()
 
 
-async def test_none_clears_a_limit(store: StoreSettings) -> None:
+async def test_none_clears_a_limit(store: StoreSettings, gated: StoreSettings) -> None:
     admin = await control(store)
     await admin.set_limit("q", 1)
     await admin.set_limit("q", None, reason="no longer needed")
-    async with PostgresClusterState(store) as state:
+    async with PostgresClusterState(gated) as state:
         assert len((await state.acquire(request("q", budget=5))).grants) == 5
     [cleared, limited] = await admin.events()
     assert (cleared.action, cleared.limit, cleared.reason) == ("limit", None, "no longer needed")
@@ -183,13 +201,15 @@ async def test_a_weighted_pass_costs_one_round_trip(store: StoreSettings) -> Non
         assert await slots_in_use(store, "a") == 0
 
 
-async def test_a_group_with_a_limit_claims_again_when_a_slot_frees(store: StoreSettings) -> None:
+async def test_a_group_with_a_limit_claims_again_when_a_slot_frees(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
     await (await control(store)).set_limit("q", 2)
     queue: MemoryQueue[int] = MemoryQueue("q")
     for key in range(5):
         queue.schedule(key, 0.0)
     held = Held()
-    async with PostgresClusterState(store) as state:
+    async with PostgresClusterState(gated) as state:
         group = WorkerGroup(Strict("q"), [queue], held, cluster_state=state, clock=ManualClock())
         async with running(group, held):
             assert group.running == 2 and await slots_in_use(store, "q") == 2
@@ -199,9 +219,11 @@ async def test_a_group_with_a_limit_claims_again_when_a_slot_frees(store: StoreS
             assert await slots_in_use(store, "q") == 2
 
 
-async def test_a_failed_claim_leaves_no_stray_lock(store: StoreSettings) -> None:
+async def test_a_failed_claim_leaves_no_stray_lock(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
     await (await control(store)).set_limit("q", 2)
-    async with PostgresClusterState(store) as state:
+    async with PostgresClusterState(gated) as state:
         [grant] = (await state.acquire(request("q", budget=1))).grants
         conn = state._conn
         assert conn is not None
@@ -215,9 +237,11 @@ async def test_a_failed_claim_leaves_no_stray_lock(store: StoreSettings) -> None
         assert state.held == 1 and grant.slot.number == 0
 
 
-async def test_a_cancelled_claim_gives_its_slots_back(store: StoreSettings) -> None:
+async def test_a_cancelled_claim_gives_its_slots_back(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
     await (await control(store)).set_limit("q", 3)
-    async with PostgresClusterState(store) as state:
+    async with PostgresClusterState(gated) as state:
         task = asyncio.create_task(state.acquire(request("q", budget=3)))
         await asyncio.sleep(0)  # the call is on its way
         task.cancel()
@@ -229,17 +253,19 @@ async def test_a_cancelled_claim_gives_its_slots_back(store: StoreSettings) -> N
         assert await slots_in_use(store, "q") == 0 and state.held == 0
 
 
-async def test_a_lost_connection_is_reported_then_replaced(store: StoreSettings) -> None:
+async def test_a_lost_connection_is_reported_then_replaced(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
     await (await control(store)).set_limit("q", 1)
-    async with PostgresClusterState(store) as state:
+    async with PostgresClusterState(gated) as state:
         [grant] = (await state.acquire(request("q"))).grants
-        old_pid = state.backend_pid
+        old_pid = await server_pid(state)
         async with await psycopg.AsyncConnection.connect(store.require_dsn()) as admin:
             await admin.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
         with pytest.raises(DispatchError):
             await state.acquire(request("q"))
         [again] = (await state.acquire(request("q"))).grants  # the dead slot is free again
-        assert state.backend_pid != old_pid and again.slot.number == 0
+        assert await server_pid(state) != old_pid and again.slot.number == 0
         state.release(grant.slot)  # from the dead connection: ignored
         assert state.held == 1
 

@@ -4,6 +4,7 @@ import asyncio
 import signal
 
 import psycopg
+import pytest
 
 from relayer.dispatch import (
     ClaimRequest,
@@ -23,19 +24,35 @@ from tests.integration.dispatch.helpers import (
     start_worker,
     wait_for_backend_exit,
 )
+from tests.integration.pgbouncer.helpers import pooled
 from tests.unit.dispatch.harness import Held, running
+
+
+@pytest.fixture(params=["direct", "pgbouncer"])
+def gated(request: pytest.FixtureRequest, store: StoreSettings) -> StoreSettings:
+    """The store as the worker processes' gates reach it: directly, or through PgBouncer
+    pooling by transaction (8 server connections: each process holding a slot keeps one)."""
+    if request.param == "direct":
+        return store
+    return pooled(store, request.getfixturevalue(request.param))
+
 
 PROCESSES = 4
 JOBS_EACH = 12
 
 
-async def test_four_processes_never_run_more_than_the_limit(store: StoreSettings) -> None:
+async def test_four_processes_never_run_more_than_the_limit(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
     dsn = store.require_dsn()
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("CREATE TABLE probe (running int, peak int, total int)")
         await conn.execute("INSERT INTO probe VALUES (0, 0, 0)")
         await QueueControl(conn, store.names).set_limit("shared", 3)
-    workers = [start_worker("churn", dsn, "shared", str(JOBS_EACH), "3") for _ in range(PROCESSES)]
+    workers = [
+        start_worker("churn", gated.require_dsn(), "shared", str(JOBS_EACH), "3", gated.pooler)
+        for _ in range(PROCESSES)
+    ]
     try:
         for worker in workers:
             assert await read_line(worker) == "ready"
@@ -59,19 +76,23 @@ async def test_four_processes_never_run_more_than_the_limit(store: StoreSettings
     assert 1 <= peak <= 3  # counted by the database, at the moment each job began
 
 
-async def test_a_killed_holders_slot_is_claimable_on_the_next_pass(store: StoreSettings) -> None:
+async def test_a_killed_holders_slot_is_claimable_on_the_next_pass(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
     async with await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True) as c:
         await QueueControl(c, store.names).set_limit("q", 1)
-    holder = start_worker("hold", store.require_dsn(), "q")
+    holder = start_worker("hold", gated.require_dsn(), "q", gated.pooler)
     try:
         word, slot, pid = (await read_line(holder)).split()
         assert (word, slot) == ("holding", "0")
-        async with PostgresClusterState(store) as state:
+        async with PostgresClusterState(gated) as state:
             refused = await state.acquire(ClaimRequest(("q",), (0,), 1))
             assert refused.grants == () and refused.gates[0].state is GateState.FULL
             holder.send_signal(signal.SIGKILL)
             await asyncio.to_thread(holder.wait)
-            await wait_for_backend_exit(store, int(pid))  # PostgreSQL saw the connection die
+            # PostgreSQL saw the connection die (behind PgBouncer: PgBouncer closed the server
+            # connection of a client that left in the middle of a transaction).
+            await wait_for_backend_exit(store, int(pid))
             [grant] = (await state.acquire(ClaimRequest(("q",), (0,), 1))).grants
             assert grant.slot.number == 0
             assert await slots_in_use(store, "q") == 1
