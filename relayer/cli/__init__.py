@@ -25,7 +25,13 @@ from relayer.cli import (
     schema_command,
     status_command,
 )
-from relayer.cli.common import EXIT_BROKEN_PIPE, EXIT_RUNTIME, EXIT_USAGE, Context
+from relayer.cli.common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    Context,
+    resolve_environment,
+)
 from relayer.errors import ConfigurationError, RelayerError, SchemaNotAppliedError, UsageError
 from relayer.logs import configure, scrub
 
@@ -64,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     context = Context(arguments)
     try:
+        resolve_environment(arguments, os.environ)
         settings = context.settings
         configure(
             arguments.log_level or settings.log_level, arguments.log_format or settings.log_format
