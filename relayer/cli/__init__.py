@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from relayer import __version__
 from relayer.cli import (
+    completion_command,
     dashboard_command,
     demo_command,
     parked_command,
@@ -43,6 +44,7 @@ COMMANDS = (
     queue_command,
     dashboard_command,
     demo_command,
+    completion_command,
 )
 
 
@@ -71,10 +73,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     context = Context(arguments)
     try:
         resolve_environment(arguments, os.environ)
-        settings = context.settings
-        configure(
-            arguments.log_level or settings.log_level, arguments.log_format or settings.log_format
-        )
+        if getattr(arguments, "without_settings", False):  # `completion`: works unconfigured
+            configure(arguments.log_level or "WARNING", arguments.log_format or "text")
+        else:
+            settings = context.settings
+            configure(
+                arguments.log_level or settings.log_level,
+                arguments.log_format or settings.log_format,
+            )
         status: int = asyncio.run(arguments.handler(context))
         return status
     except (ConfigurationError, UsageError, SchemaNotAppliedError) as exc:
