@@ -9,7 +9,7 @@ renders the text on a thread of its own (``exporter``), so neither the relay nor
 waits for it. Only this package imports prometheus_client, lazily.
 
 Modules: ``histogram`` (bucket arrays), ``backlog`` (what waits), ``snapshot`` (the copy),
-``families`` (metric names and help), ``exporter`` (``WorkerMetrics``), ``http`` (the port).
+``families`` (metric names and help), ``exporter`` (``WorkerMetrics`` and its HTTP port).
 """
 
 from __future__ import annotations
