@@ -7,10 +7,10 @@ parsing error that names neither the variable nor what to write instead. Every `
 variable is walked along the settings' fields here: one that names no setting is refused with a
 suggestion, one that sets a whole section must be a JSON object.
 
-``RELAYER_CONFIG`` names the TOML file, ``RELAYER_DASHBOARD_TOKEN`` the dashboard's token and
-``RELAYER_SUPERVISOR_PID`` a worker process's parent; ``RELAYER_TEST_*`` and ``RELAYER_BENCH_*``
-belong to
-relayer's own test suite and benchmarks and are not settings.
+``RELAYER_CONFIG`` names the TOML file, ``RELAYER_DASHBOARD_TOKEN`` the dashboard's token,
+``RELAYER_SUPERVISOR_PID`` a worker process's parent and ``RUN_OPTIONS`` the options of
+``relayer run``; ``RELAYER_TEST_*`` and ``RELAYER_BENCH_*`` belong to relayer's own test suite
+and benchmarks and are not settings.
 """
 
 from __future__ import annotations
@@ -29,9 +29,23 @@ from relayer.redact import MASK, is_secret_name, redact
 
 PREFIX = "RELAYER_"
 DELIMITER = "__"
-# Read by commands themselves, not settings: the TOML file, the dashboard's token, and the
-# parent's pid that `relayer run --processes` gives its children.
-NOT_SETTINGS = ("RELAYER_CONFIG", "RELAYER_DASHBOARD_TOKEN", "RELAYER_SUPERVISOR_PID")
+# Read by commands themselves, not settings: the TOML file, the dashboard's token, the parent's
+# pid that `relayer run --processes` gives its children, and each option of `relayer run`
+# (docs/cli.md#run: the option given on the command line wins).
+RUN_OPTIONS = (
+    "RELAYER_INSTANCE_ID",
+    "RELAYER_PROCESSES",
+    "RELAYER_METRICS_PORT",
+    "RELAYER_METRICS_HOST",
+    "RELAYER_METRICS_INTERVAL",
+    "RELAYER_METRICS_TOP_LANES",
+)
+NOT_SETTINGS = (
+    "RELAYER_CONFIG",
+    "RELAYER_DASHBOARD_TOKEN",
+    "RELAYER_SUPERVISOR_PID",
+    *RUN_OPTIONS,
+)
 RESERVED_PREFIXES = ("RELAYER_TEST_", "RELAYER_BENCH_")
 _PAIR = re.compile(r"\s*(?P<name>[A-Za-z0-9_.-]+)\s*=\s*(?P<value>[^=]*?)\s*")
 
@@ -109,14 +123,18 @@ def _example(section: Any, name: str) -> str:
 
 def _unknown_rule(path: list[str], model: type[BaseModel]) -> str:
     rule = "is not a setting relayer knows"
-    suggestion = _suggest(path, model)
+    command_option = difflib.get_close_matches(_variable(path), NOT_SETTINGS, n=1, cutoff=0.85)
+    suggestion = command_option[0] if command_option else _suggest(path, model)
     if suggestion:
         return f"{rule}; did you mean {suggestion}?"
     known = ", ".join(
         PREFIX + (name.upper() if not _is_complex(model, name) else f"{name.upper()}__...")
         for name in model.model_fields
     )
-    return f"{rule} (settings: {known}, and RELAYER_CONFIG); fix its name or unset it"
+    return (
+        f"{rule} (settings: {known}, RELAYER_CONFIG and the options of `relayer run`, such as "
+        "RELAYER_METRICS_PORT); fix its name or unset it"
+    )
 
 
 def _suggest(path: list[str], model: type[BaseModel]) -> str | None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from relayer import __version__
 from relayer.cli import (
+    completion_command,
     dashboard_command,
     demo_command,
     parked_command,
@@ -25,7 +26,13 @@ from relayer.cli import (
     schema_command,
     status_command,
 )
-from relayer.cli.common import EXIT_BROKEN_PIPE, EXIT_RUNTIME, EXIT_USAGE, Context
+from relayer.cli.common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    Context,
+    resolve_environment,
+)
 from relayer.errors import ConfigurationError, RelayerError, SchemaNotAppliedError, UsageError
 from relayer.logs import configure, scrub
 
@@ -37,6 +44,7 @@ COMMANDS = (
     queue_command,
     dashboard_command,
     demo_command,
+    completion_command,
 )
 
 
@@ -64,10 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     context = Context(arguments)
     try:
-        settings = context.settings
-        configure(
-            arguments.log_level or settings.log_level, arguments.log_format or settings.log_format
-        )
+        resolve_environment(arguments, os.environ)
+        if getattr(arguments, "without_settings", False):  # `completion`: works unconfigured
+            configure(arguments.log_level or "WARNING", arguments.log_format or "text")
+        else:
+            settings = context.settings
+            configure(
+                arguments.log_level or settings.log_level,
+                arguments.log_format or settings.log_format,
+            )
         status: int = asyncio.run(arguments.handler(context))
         return status
     except (ConfigurationError, UsageError, SchemaNotAppliedError) as exc:

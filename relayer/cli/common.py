@@ -1,11 +1,19 @@
-"""What every subcommand shares: the parsed arguments and settings loaded on first use."""
+"""What every subcommand shares: the parsed arguments, settings loaded on first use, argument
+types, and options that fall back to an environment variable."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
 from functools import cached_property
+from typing import Any
 
-from relayer.settings import RelayerSettings, StoreSettings, load_settings
+from pydantic import TypeAdapter, ValidationError
+
+from relayer.errors import UsageError
+from relayer.settings import Duration, RelayerSettings, StoreSettings, load_settings
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -34,3 +42,92 @@ def tcp_port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0-65535)")
     return port
+
+
+_DURATION: TypeAdapter[timedelta] = TypeAdapter(Duration)
+
+
+def duration(text: str) -> timedelta:
+    """An argparse type: a duration as the settings spell it ('30', '30s', '250ms', '5m',
+    'PT30S')."""
+    try:
+        return _DURATION.validate_python(text)
+    except ValidationError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration (seconds, or a number with a unit: '250ms', '30s', "
+            "'5m', '1h')"
+        ) from None
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a duration > 0, in seconds."""
+    seconds = duration(text).total_seconds()
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration > 0")
+    return seconds
+
+
+def count(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
+        return value
+
+    parse.__name__ = f"count_{low}_{high}"
+    return parse
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentOption:
+    """An option of one command that, when not given, comes from ``variable``, else
+    ``default``."""
+
+    dest: str
+    flag: str
+    variable: str
+    parse: Callable[[str], Any]
+    default: Any
+
+
+def environment_option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    variable: str,
+    default: Any = None,
+    parse: Callable[[str], Any] = str,
+    help: str,
+    **options: Any,
+) -> None:
+    """Add ``flag`` to ``parser``: the command line wins, then ``$variable``, then ``default``
+    (an empty variable counts as unset). ``resolve_environment`` fills it in after parsing."""
+    action = parser.add_argument(
+        flag, type=parse, default=None, help=f"{help}; env {variable}", **options
+    )
+    known: tuple[EnvironmentOption, ...] = parser.get_default("environment_options") or ()
+    option = EnvironmentOption(action.dest, flag, variable, parse, default)
+    parser.set_defaults(environment_options=(*known, option))
+
+
+def resolve_environment(arguments: argparse.Namespace, environ: Mapping[str, str]) -> None:
+    """Fill each environment option not given on the command line; a value its flag would
+    refuse is a UsageError naming the variable (exit 2)."""
+    for option in getattr(arguments, "environment_options", ()):
+        if getattr(arguments, option.dest) is not None:
+            continue
+        text = environ.get(option.variable, "")
+        value = option.default
+        if text.strip():
+            try:
+                value = option.parse(text)
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                raise UsageError(
+                    f"{option.variable}: {exc} (it stands for {option.flag}); fix it or unset it"
+                ) from None
+        setattr(arguments, option.dest, value)

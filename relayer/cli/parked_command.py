@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from relayer import parked
+from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
 from relayer.connection import connect
 from relayer.errors import UsageError
@@ -27,6 +28,8 @@ def register(commands: Any) -> None:
         action = actions.add_parser(name, help=text)
         action.add_argument("store")
         action.add_argument("--key", help="one ordering key (default: every parked key)")
+        if name == "list":
+            action.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "drop":
             action.add_argument(
                 "--yes", action="store_true", help="confirm dropping every parked key"
@@ -38,6 +41,9 @@ async def _list(context: Context) -> int:
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="parked") as conn:
         keys = await parked.list_parked(conn, store, context.arguments.key)
+    if context.arguments.json:
+        print(documents.dumps(documents.parked_list(store.name, keys)))
+        return EXIT_OK
     if not keys:
         print(f"store {store.name!r}: no parked keys")
         return EXIT_OK

@@ -204,6 +204,8 @@ def child_command(arguments: argparse.Namespace, index: int) -> list[str]:
             arguments.metrics_host,
             "--metrics-interval",
             str(arguments.metrics_interval),
+            "--metrics-top-lanes",
+            str(arguments.metrics_top_lanes),
         ]
     return command
 

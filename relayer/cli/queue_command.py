@@ -10,6 +10,7 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
+from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, Context
 from relayer.connection import connect
 from relayer.dispatch.control import (
@@ -58,6 +59,7 @@ def register(commands: Any) -> None:
 
     status = actions.add_parser("status", help="pause state, limit and slots in use per queue")
     status.add_argument("store", help="the store's name in the configuration")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=_status)
 
 
@@ -131,7 +133,11 @@ async def _status(context: Context) -> int:
     async with await connect(store, purpose="queue") as conn:
         await require_dispatch_schema(conn, store)
         states = await QueueControl(conn, store.names).status([store.name])
-    print(render(store, states))
+    if context.arguments.json:
+        table = f"{store.db_schema}.{store.names.table('queues')}"
+        print(documents.dumps(documents.queue_status(store.name, table, states)))
+    else:
+        print(render(store, states))
     return EXIT_OK
 
 

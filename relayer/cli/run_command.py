@@ -12,9 +12,18 @@ import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context, tcp_port
+from relayer.cli.common import (
+    EXIT_OK,
+    EXIT_RUNTIME,
+    Context,
+    count,
+    environment_option,
+    positive_seconds,
+    tcp_port,
+)
 from relayer.cli.processes import STOP_MARGIN, Supervisor, child_command, stop_with_supervisor
 from relayer.errors import UsageError
+from relayer.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES
 from relayer.settings import StoreSettings
 from relayer.worker import Worker
 
@@ -27,36 +36,57 @@ def register(commands: Any) -> None:
         help="relay the stores' outbox rows until SIGTERM/SIGINT (then finish and leave)",
     )
     parser.add_argument("stores", nargs="+", metavar="STORE", help="stores to serve")
-    parser.add_argument(
+    # Every option also comes from the environment (docs/cli.md#run), for containers.
+    environment_option(
+        parser,
         "--instance-id",
+        variable="RELAYER_INSTANCE_ID",
         help="member id (default: host:pid:random; with --processes, ID-0, ID-1, ...)",
     )
-    parser.add_argument(
+    environment_option(
+        parser,
         "--processes",
-        type=_processes,
+        variable="RELAYER_PROCESSES",
+        parse=_processes,
         default=1,
         metavar="N|auto",
         help="run N member processes, each a full worker (auto: one per CPU; default: 1)",
     )
-    parser.add_argument(
+    environment_option(
+        parser,
         "--metrics-port",
-        type=tcp_port,
+        variable="RELAYER_METRICS_PORT",
+        parse=tcp_port,
         metavar="PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (needs the 'metrics' extra); "
         "with --processes, process i serves PORT+i",
     )
-    parser.add_argument(
+    environment_option(
+        parser,
         "--metrics-host",
+        variable="RELAYER_METRICS_HOST",
         default="0.0.0.0",  # a scrape target must be reachable by Prometheus
         metavar="HOST",
         help="address the metrics endpoint binds (default: 0.0.0.0)",
     )
-    parser.add_argument(
+    environment_option(
+        parser,
         "--metrics-interval",
-        type=float,
+        variable="RELAYER_METRICS_INTERVAL",
+        parse=positive_seconds,
         default=5.0,
-        metavar="SECONDS",
-        help="how often the pending-rows gauges are re-read from the store (default: 5)",
+        metavar="DURATION",
+        help="how often the backlog gauges are re-read from the store (default: 5s)",
+    )
+    environment_option(
+        parser,
+        "--metrics-top-lanes",
+        variable="RELAYER_METRICS_TOP_LANES",
+        parse=count(0, MAX_TOP_LANES),
+        default=DEFAULT_TOP_LANES,
+        metavar="N",
+        help="per-lane series for the N owned lanes whose head row is oldest, per store "
+        f"(0: none; default: {DEFAULT_TOP_LANES})",
     )
     parser.set_defaults(handler=_run)
 
@@ -162,7 +192,9 @@ async def _serve_metrics(
         return None
     from relayer.metrics import WorkerMetrics
 
-    metrics = WorkerMetrics(worker, interval=arguments.metrics_interval)
+    metrics = WorkerMetrics(
+        worker, interval=arguments.metrics_interval, top_lanes=arguments.metrics_top_lanes
+    )
     await metrics.serve(arguments.metrics_host, arguments.metrics_port)
     return asyncio.create_task(metrics.run(stop))
 

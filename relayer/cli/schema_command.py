@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from relayer import schema
+from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
 from relayer.connection import connect
 from relayer.grants import KINDS, render
@@ -23,6 +24,8 @@ def register(commands: Any) -> None:
     ):
         action = actions.add_parser(name, help=text)
         action.add_argument("store", help="the store's name in the configuration")
+        if name == "check":
+            action.add_argument("--json", action="store_true", help="machine-readable output")
         action.set_defaults(handler=handler)
     grants = actions.add_parser(
         "grants", help="print the GRANT statements a writer, worker or operator role needs"
@@ -70,6 +73,10 @@ async def _check(context: Context) -> int:
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="schema", dsn=store.admin_dsn) as conn:
         drift = await schema.check(conn, store)
+    if context.arguments.json:
+        found = documents.schema_check(store.name, schema.latest_version(), store.lanes, drift)
+        print(documents.dumps(found))
+        return EXIT_RUNTIME if drift else EXIT_OK
     if not drift:
         print(
             f"store {store.name!r}: matches schema version {schema.latest_version()} "

@@ -1,13 +1,13 @@
-"""``relayer status STORE``: members, lane owners, pending rows per lane, parked keys, health."""
+"""``relayer status STORE``: members, lane owners, pending rows per lane, parked keys, health;
+with ``--check`` (or ``--max-lag``) a health check's exit status."""
 
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import asdict
 from typing import Any
 
-from relayer.cli.common import EXIT_OK, Context
+from relayer.cli import documents
+from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context, positive_seconds
 from relayer.connection import connect
 from relayer.health import StoreHealth
 from relayer.status import StoreStatus, read_status
@@ -20,18 +20,71 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("store")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when keys are parked (or, with --max-lag, a due row waited longer); "
+        "0 otherwise",
+    )
+    parser.add_argument(
+        "--max-lag",
+        type=positive_seconds,
+        metavar="DURATION",
+        help="with --check (implied): fail when the oldest due row has waited longer ('30s', '5m')",
+    )
     parser.set_defaults(handler=_status)
 
 
 async def _status(context: Context) -> int:
-    store = context.store(context.arguments.store)
+    arguments = context.arguments
+    checking = arguments.check or arguments.max_lag is not None
+    store = context.store(arguments.store)
     async with await connect(store, purpose="status") as conn:
-        status = await read_status(conn, store)
-    if context.arguments.json:
-        print(json.dumps(asdict(status), default=str, indent=2))
+        found = [await read_status(conn, store)]
+    problems = [problem for status in found for problem in check(status, arguments.max_lag)]
+    if arguments.json:
+        document = documents.status(found[0])
+        if checking:
+            document["check"] = check_document(problems, arguments.max_lag)
+        print(documents.dumps(document))
     else:
-        print(render(status))
-    return EXIT_OK
+        print("\n\n".join(render(status) for status in found))
+        if checking:
+            print(render_check(problems))
+    return EXIT_RUNTIME if checking and problems else EXIT_OK
+
+
+def check(status: StoreStatus, max_lag: float | None) -> list[str]:
+    """What fails the health check: parked keys, and a due row older than ``max_lag`` s."""
+    problems: list[str] = []
+    if status.parked:
+        waiting = sum(1 for key in status.parked if key.waiting_for_operator)
+        problems.append(
+            f"store {status.store!r}: {len(status.parked)} parked key(s), {waiting} waiting "
+            f"for an operator (`relayer parked list {status.store}`)"
+        )
+    if max_lag is not None:
+        lag = (
+            status.oldest_age_seconds
+            if status.health is None
+            else status.health.oldest_due_age_seconds
+        )
+        if lag > max_lag:
+            problems.append(
+                f"store {status.store!r}: the oldest due row has waited {lag:,.1f} s, more "
+                f"than --max-lag {max_lag:g} s"
+            )
+    return problems
+
+
+def check_document(problems: list[str], max_lag: float | None) -> dict[str, Any]:
+    return {"ok": not problems, "max_lag_seconds": max_lag, "problems": problems}
+
+
+def render_check(problems: list[str]) -> str:
+    if not problems:
+        return "check: ok"
+    return "\n".join(f"check failed: {problem}" for problem in problems)
 
 
 def render(status: StoreStatus) -> str:

@@ -165,7 +165,33 @@ CASES: list[tuple[CliCase, str]] = [
         CliCase("unknown-variable", PRINT, {"RELAYER_COLOUR": "blue"}),
         "RELAYER_COLOUR: 'blue' is invalid: is not a setting relayer knows (settings: "
         "RELAYER_DSN, RELAYER_STORES__..., RELAYER_WORKER__..., RELAYER_LOG_LEVEL, "
-        "RELAYER_LOG_FORMAT, and RELAYER_CONFIG); fix its name or unset it",
+        "RELAYER_LOG_FORMAT, RELAYER_CONFIG and the options of `relayer run`, such as "
+        "RELAYER_METRICS_PORT); fix its name or unset it",
+    ),
+    (
+        CliCase("run-option-misspelt", RUN, {"RELAYER_METRICS_PROT": "9464"}),
+        "RELAYER_METRICS_PROT: '9464' is invalid: is not a setting relayer knows; did you mean "
+        "RELAYER_METRICS_PORT?",
+    ),
+    (
+        CliCase("run-option-port", RUN, {"RELAYER_METRICS_PORT": "http"}),
+        "RELAYER_METRICS_PORT: 'http' is not a TCP port (0-65535) (it stands for "
+        "--metrics-port); fix it or unset it",
+    ),
+    (
+        CliCase("run-option-interval", RUN, {"RELAYER_METRICS_INTERVAL": "0s"}),
+        "RELAYER_METRICS_INTERVAL: '0s' is not a duration > 0 (it stands for "
+        "--metrics-interval); fix it or unset it",
+    ),
+    (
+        CliCase("run-option-top-lanes", RUN, {"RELAYER_METRICS_TOP_LANES": "-1"}),
+        "RELAYER_METRICS_TOP_LANES: '-1' is not a whole number from 0 to 1000 (it stands for "
+        "--metrics-top-lanes); fix it or unset it",
+    ),
+    (
+        CliCase("run-option-processes", RUN, {"RELAYER_PROCESSES": "many"}),
+        "RELAYER_PROCESSES: 'many' is not a process count (1-1024 or auto) (it stands for "
+        "--processes); fix it or unset it",
     ),
     (
         CliCase("toml-lanes-true", PRINT, toml=TOML_STORE + "lanes = true\n"),

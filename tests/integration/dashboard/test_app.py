@@ -17,7 +17,7 @@ from relayer import parked
 from relayer.dashboard import Access, create_app, parse_token
 from relayer.settings import StoreSettings
 from tests.conftest import apply_schema, make_store
-from tests.integration.relay.helpers import write
+from tests.integration.relay.helpers import park
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -44,24 +44,6 @@ async def store(pg_dsn: str) -> StoreSettings:
     )
     await apply_schema(settings)
     return settings
-
-
-def park(store: StoreSettings, key: str, error: str = "refused") -> tuple[Any, int]:
-    """Park ``key`` on its head row as the relay would (attempts 1, waiting for an operator)."""
-    write(store, [key], per_key=2)
-    with psycopg.connect(store.require_dsn()) as conn:
-        head = conn.execute(
-            f"SELECT id, lane FROM {store.table_prefix}outbox WHERE ordering_key = %s "
-            "ORDER BY id LIMIT 1",
-            (key,),
-        ).fetchone()
-        assert head is not None
-        conn.execute(
-            f"INSERT INTO {store.table_prefix}parked (ordering_key, lane, head_id, attempts, "
-            "last_error, retry_at) VALUES (%s, %s, %s, 1, %s, NULL)",
-            (key, head[1], head[0], error),
-        )
-    return head[0], 1
 
 
 def audit(store: StoreSettings) -> list[tuple[Any, ...]]:

@@ -34,7 +34,11 @@ class Scrape:
 
 def scrape(port: int) -> Scrape:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
+        return parse(response.read().decode())
+
+
+def parse(text: str) -> Scrape:
+    """The samples of a text exposition (duplicates would be lost: promtool checks them)."""
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

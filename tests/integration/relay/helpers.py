@@ -71,6 +71,24 @@ def parked(store: StoreSettings) -> dict[str, tuple[Any, ...]]:
     return {row[0]: tuple(row[1:]) for row in rows}
 
 
+def park(store: StoreSettings, key: str, error: str = "refused") -> tuple[Any, int]:
+    """Park ``key`` on its head row as the relay would (attempts 1, waiting for an operator)."""
+    write(store, [key], per_key=2)
+    with psycopg.connect(store.require_dsn()) as conn:
+        head = conn.execute(
+            f"SELECT id, lane FROM {store.table_prefix}outbox WHERE ordering_key = %s "
+            "ORDER BY id LIMIT 1",
+            (key,),
+        ).fetchone()
+        assert head is not None
+        conn.execute(
+            f"INSERT INTO {store.table_prefix}parked (ordering_key, lane, head_id, attempts, "
+            "last_error, retry_at) VALUES (%s, %s, %s, 1, %s, NULL)",
+            (key, head[1], head[0], error),
+        )
+    return head[0], 1
+
+
 def bodies_by_key(messages: Sequence[OutgoingMessage]) -> dict[str, list[int]]:
     """key -> the sequence numbers received for it, in arrival order."""
     result: dict[str, list[int]] = {}

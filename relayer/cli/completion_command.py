@@ -1,0 +1,249 @@
+"""``relayer completion bash|zsh|fish``: a shell completion script, printed.
+
+The script is generated from the command's own argparse parser, so it always knows every
+command, option and choice of this version; store names are asked of ``relayer completion
+--list-stores`` when a STORE is being completed (with the ``--config`` already typed), so they
+follow the configuration. zsh runs the bash script through ``bashcompinit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayer.cli.common import EXIT_OK, Context
+from relayer.errors import UsageError
+
+SHELLS = ("bash", "zsh", "fish")
+FILES = "__files__"  # a value that is a file name
+STORES = "__stores__"  # a positional that is a store name
+
+
+def register(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "completion",
+        help="print a shell completion script: source <(relayer completion bash)",
+    )
+    parser.add_argument("shell", nargs="?", choices=SHELLS, help="the shell to complete in")
+    parser.add_argument("--list-stores", action="store_true", help=argparse.SUPPRESS)
+    parser.set_defaults(handler=_completion, without_settings=True)
+
+
+async def _completion(context: Context) -> int:
+    arguments = context.arguments
+    if arguments.list_stores:  # what the scripts ask for the names of STORE
+        print("\n".join(context.settings.stores))
+        return EXIT_OK
+    if arguments.shell is None:
+        raise UsageError(
+            "completion: which shell? `relayer completion bash`, `zsh` or `fish` prints its script"
+        )
+    from relayer.cli import build_parser
+
+    tree = walk(build_parser())
+    print({"bash": bash, "zsh": zsh, "fish": fish}[arguments.shell](tree), end="")
+    return EXIT_OK
+
+
+@dataclass
+class Option:
+    flags: tuple[str, ...]
+    help: str
+    values: tuple[str, ...] = ()  # choices; (FILES,) for a file; () for a flag or free text
+    takes_value: bool = False
+
+
+@dataclass
+class Command:
+    """One command path ("" for ``relayer`` itself, "parked list" for a subcommand)."""
+
+    path: str
+    help: str = ""
+    options: list[Option] = field(default_factory=list)
+    commands: dict[str, str] = field(default_factory=dict)  # name -> help
+    positional: tuple[str, ...] = ()  # (STORES,), choices, or ()
+
+
+def walk(parser: argparse.ArgumentParser, path: str = "", text: str = "") -> list[Command]:
+    """Every command of ``parser``, itself first, as the scripts need them."""
+    command = Command(path, text)
+    found = [command]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                command.commands[name] = helps.get(name, "")
+                found += walk(sub, f"{path} {name}".strip(), helps.get(name, ""))
+        elif action.option_strings:
+            if action.help == argparse.SUPPRESS:
+                continue
+            values: tuple[str, ...] = tuple(str(choice) for choice in action.choices or ())
+            if action.dest in ("config", "token_file"):
+                values = (FILES,)
+            command.options.append(
+                Option(tuple(action.option_strings), action.help or "", values, action.nargs != 0)
+            )
+        elif not command.positional:
+            if action.dest in ("store", "stores"):
+                command.positional = (STORES,)
+            elif action.choices:
+                command.positional = tuple(str(choice) for choice in action.choices)
+    return found
+
+
+def _case(pairs: dict[str, str], default: str = "") -> str:
+    lines = [
+        f"        {shlex.quote(key)}) echo {shlex.quote(value)} ;;" for key, value in pairs.items()
+    ]
+    lines.append(f"        *) echo {shlex.quote(default)} ;;")
+    return "\n".join(lines)
+
+
+def bash(tree: list[Command]) -> str:
+    commands = {command.path: " ".join(command.commands) for command in tree if command.commands}
+    options = {
+        command.path: " ".join(flag for option in command.options for flag in option.flags)
+        for command in tree
+    }
+    valued = {
+        f"{command.path}|{flag}": " ".join(option.values) or "-"
+        for command in tree
+        for option in command.options
+        if option.takes_value
+        for flag in option.flags
+    }
+    positional = {command.path: " ".join(command.positional) for command in tree}
+    return f"""# relayer completion for bash: source <(relayer completion bash)
+_relayer_commands() {{
+    case "$1" in
+{_case(commands)}
+    esac
+}}
+_relayer_options() {{
+    case "$1" in
+{_case(options)}
+    esac
+}}
+_relayer_values() {{  # the values of option $2 of command $1; nothing if it takes none
+    case "$1|$2" in
+{_case(valued)}
+    esac
+}}
+_relayer_positional() {{
+    case "$1" in
+{_case({key: value for key, value in positional.items() if value})}
+    esac
+}}
+_relayer() {{
+    local cur="${{COMP_WORDS[COMP_CWORD]}}" prev="" path="" word values i config=""
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        word="${{COMP_WORDS[i]}}"
+        if [[ -n $prev ]]; then
+            [[ $prev == --config ]] && config=$word
+            prev=""
+        elif [[ $word == -* ]]; then
+            [[ -n $(_relayer_values "$path" "$word") ]] && prev=$word
+        elif [[ " $(_relayer_commands "$path") " == *" $word "* ]]; then
+            path="${{path:+$path }}$word"
+        fi
+    done
+    COMPREPLY=()
+    if [[ -n $prev ]]; then
+        values=$(_relayer_values "$path" "$prev")
+        case $values in
+            {FILES}) COMPREPLY=($(compgen -f -- "$cur")) ;;
+            -) ;;
+            *) COMPREPLY=($(compgen -W "$values" -- "$cur")) ;;
+        esac
+    elif [[ $cur == -* ]]; then
+        COMPREPLY=($(compgen -W "$(_relayer_options "$path")" -- "$cur"))
+    elif [[ -n $(_relayer_commands "$path") ]]; then
+        COMPREPLY=($(compgen -W "$(_relayer_commands "$path")" -- "$cur"))
+    else
+        values=$(_relayer_positional "$path")
+        if [[ $values == {STORES} ]]; then
+            values=$(relayer ${{config:+--config "$config"}} completion --list-stores 2>/dev/null)
+        fi
+        COMPREPLY=($(compgen -W "$values" -- "$cur"))
+    fi
+}}
+complete -F _relayer relayer
+"""
+
+
+def zsh(tree: list[Command]) -> str:
+    return (
+        "#compdef relayer\n"
+        "# relayer completion for zsh: source <(relayer completion zsh)\n"
+        "autoload -U +X bashcompinit && bashcompinit\n" + bash(tree).split("\n", 1)[1]
+    )
+
+
+def _fish_quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def fish(tree: list[Command]) -> str:
+    words = [f"{command.path}|{name}" for command in tree for name in command.commands]
+    valued = [
+        f"{command.path}|{flag}"
+        for command in tree
+        for option in command.options
+        if option.takes_value
+        for flag in option.flags
+    ]
+    lines = [
+        "# relayer completion for fish: relayer completion fish | source",
+        f"set -g __relayer_words {' '.join(_fish_quote(word) for word in words)}",
+        f"set -g __relayer_valued {' '.join(_fish_quote(flag) for flag in valued)}",
+        "function __relayer_path",
+        "    set -l path ''",
+        "    set -l skip 0",
+        "    for word in (commandline -opc)[2..-1]",
+        "        if test $skip = 1",
+        "            set skip 0",
+        "        else if string match -q -- '-*' $word",
+        '            contains -- "$path|$word" $__relayer_valued; and set skip 1',
+        '        else if contains -- "$path|$word" $__relayer_words',
+        '            set path (string trim -- "$path $word")',
+        "        end",
+        "    end",
+        '    echo "$path"',
+        "end",
+        "function __relayer_at",
+        '    test "$(__relayer_path)" = "$argv[1]"',
+        "end",
+        "function __relayer_stores",
+        "    set -l words (commandline -opc)",
+        "    set -l config",
+        "    set -l index (contains -i -- --config $words)",
+        "    and set config --config $words[(math $index + 1)]",
+        "    relayer $config completion --list-stores 2>/dev/null",
+        "end",
+        "complete -c relayer -f",
+    ]
+    for command in tree:
+        at = f"-n {_fish_quote('__relayer_at ' + shlex.quote(command.path))}"
+        for name, text in command.commands.items():
+            lines.append(f"complete -c relayer {at} -a {_fish_quote(name)} -d {_fish_quote(text)}")
+        for option in command.options:
+            flags = " ".join(
+                f"-l {flag[2:]}" if flag.startswith("--") else f"-s {flag[1:]}"
+                for flag in option.flags
+            )
+            if option.values == (FILES,):
+                kind = "-r -F"
+            elif option.values:
+                kind = f"-x -a {_fish_quote(' '.join(option.values))}"
+            else:
+                kind = "-x" if option.takes_value else ""
+            help_text = option.help.replace("%(default)s", "")
+            lines.append(f"complete -c relayer {at} {flags} {kind} -d {_fish_quote(help_text)}")
+        if command.positional == (STORES,):
+            lines.append(f"complete -c relayer {at} -a '(__relayer_stores)'")
+        elif command.positional:
+            choices = _fish_quote(" ".join(command.positional))
+            lines.append(f"complete -c relayer {at} -a {choices}")
+    return "\n".join(lines) + "\n"

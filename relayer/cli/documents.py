@@ -1,0 +1,147 @@
+"""The JSON documents of the read commands' ``--json`` (docs/cli.md#json-output lists them).
+
+One builder per shape, shared by the commands that show it (a parked key looks the same in
+``status`` and ``parked list``). Timestamps are ISO 8601 in UTC with milliseconds
+(``2025-01-31T12:00:00.123Z``), durations are seconds in fields ending ``_seconds``, absent
+values are ``null``. New fields may be added; none is renamed or removed within a major
+version.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from relayer.dispatch.control import QueueStatus
+from relayer.dispatch.policies import ALL_QUEUES
+from relayer.health import StoreHealth
+from relayer.parked import ParkedKey
+from relayer.schema import Drift
+from relayer.status import StoreStatus
+
+Document = dict[str, Any]
+
+
+def iso(moment: datetime | None) -> str | None:
+    """``moment`` in UTC as ISO 8601 with milliseconds and a ``Z``; None stays None."""
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # the database's timestamps are all timestamptz
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def dumps(document: Document) -> str:
+    return json.dumps(document, indent=2, ensure_ascii=False)
+
+
+def now() -> str:
+    stamp = iso(datetime.now(UTC))
+    assert stamp is not None
+    return stamp
+
+
+def parked_key(key: ParkedKey) -> Document:
+    return {
+        "key": key.key,
+        "lane": key.lane,
+        "pending": key.pending,
+        "attempts": key.attempts,
+        "waiting_for_operator": key.waiting_for_operator,
+        "retry_at": iso(key.retry_at),
+        "parked_at": iso(key.parked_at),
+        "head_id": str(key.head_id),
+        "last_error": key.last_error,
+    }
+
+
+def parked_list(store: str, keys: list[ParkedKey]) -> Document:
+    return {"store": store, "read_at": now(), "parked": [parked_key(key) for key in keys]}
+
+
+def health(found: StoreHealth) -> Document:
+    return {
+        "oldest_due_age_seconds": found.oldest_due_age_seconds,
+        "tables": [
+            {
+                "table": table.table,
+                "live_rows": table.live_rows,
+                "dead_rows": table.dead_rows,
+                "dead_ratio": table.dead_ratio,
+                "last_vacuum": iso(table.last_vacuum),
+                "size_bytes": table.size_bytes,
+            }
+            for table in found.tables
+        ],
+        "unordered_failing": found.unordered_failing,
+        "unordered_max_attempts": found.unordered_max_attempts,
+        "unordered_last_error": found.unordered_last_error,
+        "warnings": list(found.warnings),
+    }
+
+
+def status(found: StoreStatus) -> Document:
+    """One store's ``relayer status`` (``owners`` keys are lane numbers as strings, as JSON
+    requires; ``lane`` null in ``pending`` is the unordered rows)."""
+    owned: dict[str, int] = {}
+    for owner in found.owners.values():
+        owned[owner] = owned.get(owner, 0) + 1
+    return {
+        "store": found.store,
+        "read_at": now(),
+        "lanes": found.lanes,
+        "members": [
+            {
+                "instance": member.instance,
+                "lanes": owned.get(member.instance, 0),
+                "expires_at": iso(member.expires_at),
+                "age_seconds": member.age_seconds,
+            }
+            for member in found.members
+        ],
+        "owners": {str(lane): owner for lane, owner in found.owners.items()},
+        "leased": list(found.leased),
+        "total_pending": found.total_pending,
+        "oldest_age_seconds": found.oldest_age_seconds,
+        "pending": [
+            {"lane": lane.lane, "rows": lane.rows, "oldest_age_seconds": lane.oldest_age_seconds}
+            for lane in found.pending
+        ],
+        "parked": [parked_key(key) for key in found.parked],
+        "health": None if found.health is None else health(found.health),
+    }
+
+
+def queue_status(store: str, table: str, states: tuple[QueueStatus, ...]) -> Document:
+    """``queue`` ``*`` is the pause of every queue; ``paused_by_all`` says a queue is held by it."""
+    every = next((state for state in states if state.queue == ALL_QUEUES), None)
+    all_paused = every is not None and every.paused
+    return {
+        "store": store,
+        "table": table,
+        "read_at": now(),
+        "queues": [
+            {
+                "queue": state.queue,
+                "paused": state.paused,
+                "paused_by_all": all_paused and state.queue != ALL_QUEUES,
+                "limit": state.limit,
+                "slots_in_use": state.slots_in_use,
+                "changed_by": state.changed_by,
+                "changed_at": iso(state.changed_at),
+                "reason": state.reason,
+            }
+            for state in states
+        ],
+    }
+
+
+def schema_check(store: str, version: int, lanes: int, drift: list[Drift]) -> Document:
+    return {
+        "store": store,
+        "schema_version": version,
+        "lanes": lanes,
+        "matches": not drift,
+        "differences": [{"subject": item.subject, "detail": item.detail} for item in drift],
+    }
