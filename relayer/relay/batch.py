@@ -23,7 +23,7 @@ from uuid import UUID, uuid4
 
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import FencedWriteError, StoreError
-from relayer.relay.pipeline import IN_FLIGHT, UNSENT, SendReport, send_batch
+from relayer.relay.pipeline import IN_FLIGHT, UNSENT, BatchSender, SendReport
 from relayer.settings import StoreSettings
 from relayer.store import Connection, LaneHead, LaneRows, RelayStore, RowFailure
 from relayer.transports.base import Transport
@@ -41,8 +41,9 @@ class Scan(Enum):
     EMPTY = "empty"  # nothing to send: poll_interval
     FUTURE = "future"  # head is future-dated: at its due time (or poll_interval, earlier)
     BUSY = "busy"  # another live owner holds the lane: at its expiry (or poll_interval)
-    UNAVAILABLE = "unavailable"  # the broker is unreachable: retry_backoff
+    UNAVAILABLE = "unavailable"  # the broker is unreachable or silent: retry_backoff
     FAILED = "failed"  # database trouble: rolled back, retry_backoff
+    STOPPED = "stopped"  # the worker is stopping: nothing sent, not scanned again
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,16 @@ class LaneRelay:
         # After database or broker trouble (not a row's fault): retry soon, whatever the
         # parked keys' backoff is.
         self.backoff = min(store.retry_backoff.total_seconds(), lease / 3)
+        # Set by stop(): no batch starts, and the batches sending now admit no new row.
+        self.stopped = False
+        self._senders: set[BatchSender] = set()
+
+    def stop(self) -> None:
+        """The worker is stopping: batches in flight admit no new row (they wait for what they
+        sent until their deadline and commit the confirmed prefix); no new batch starts."""
+        self.stopped = True
+        for sender in self._senders:
+            sender.stop_admitting()
 
     def after_probe(self, head: LaneHead) -> ScanResult | None:
         """The result of a scan the probe already decided, or None if the lane must be sent."""
@@ -134,6 +145,8 @@ class LaneRelay:
             return results
 
     async def _send_lanes(self, conn: Connection, lanes: Sequence[int]) -> list[ScanResult]:
+        if self.stopped:
+            return [ScanResult(lane, Scan.STOPPED, 0.0) for lane in lanes]
         started = self.clock()
         try:
             async with asyncio.timeout(self.batch_deadline):
@@ -207,7 +220,7 @@ class LaneRelay:
         if not sendable:
             await self.db.end_unchanged(conn)
             return results
-        report = await send_batch(
+        sender = BatchSender(
             rows,
             sendable,
             self.resolve,
@@ -216,6 +229,13 @@ class LaneRelay:
             wait_until=started + self.batch_deadline - self.commit_reserve,
             clock=self.clock,
         )
+        if self.stopped:
+            sender.stop_admitting()
+        self._senders.add(sender)
+        try:
+            report = await sender.run()
+        finally:
+            self._senders.discard(sender)
         acked, failed = report.outcomes(rows, sendable)
         failures = [report.failure(rows, index) for index in failed]
         gave_up: Sequence[int] = ()
@@ -301,9 +321,9 @@ class LaneRelay:
                 # Its broker cannot be reached: not the rows' fault, wait as if alone.
                 return ScanResult(lane, Scan.UNAVAILABLE, self.backoff, detail=down)
             if any(states[index] == IN_FLIGHT for index in indexes):
-                return ScanResult(
-                    lane, Scan.FAILED, self.backoff, detail="no acknowledgement in time"
-                )
+                # Sent, but the broker acknowledged none of it within the batch deadline: a
+                # stalled or slow broker, not the rows' fault (they stay, no attempt counted).
+                return ScanResult(lane, Scan.UNAVAILABLE, self.backoff, detail=_NO_ACK)
             # Nothing of it was published: other lanes of the batch used up the admission
             # window. Its turn comes at once.
             return ScanResult(lane, Scan.SENT, 0.0, cut_short=True)
@@ -359,6 +379,12 @@ class LaneRelay:
                 self.store.name,
                 extra={"action": "give_up", "store": self.store.name, "lane": lane},
             )
+
+
+_NO_ACK = (
+    "the broker acknowledged nothing of this lane's batch within the batch deadline "
+    "(lease_duration / 2); the rows stay and are sent again, no attempt is counted"
+)
 
 
 def _lane_spans(rows: LaneRows) -> dict[int, tuple[int, int]]:
