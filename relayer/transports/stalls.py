@@ -15,6 +15,10 @@ import time
 
 logger = logging.getLogger(__name__)
 
+# A refusal while the broker acknowledged something this recently is the tail of a stall that
+# just ended (copies resent while the first ones are still being acknowledged), not news.
+QUIET_SECONDS = 1.0
+
 
 class StallNotice:
     """One warning per stall and one line when it is over, for one transport. Called on the
@@ -32,7 +36,7 @@ class StallNotice:
     def refused(self, waiting: int, quiet_since: float) -> None:
         """A copy was refused because an earlier one still waits; ``quiet_since``: when the
         broker last acknowledged anything (or nothing waited)."""
-        if self.since is not None:
+        if self.since is not None or time.monotonic() - quiet_since < QUIET_SECONDS:
             return
         self.since = quiet_since
         self._logger.warning(

@@ -12,6 +12,7 @@ shorter ones (several leases long and past ``retry_backoff_max``) and the SIGTER
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -31,14 +32,15 @@ SETTINGS = Settings(
 WORKERS = 2
 LONG_STALL = 45.0
 SHORT_STALL = 13.0  # over two leases, and over retry_backoff_max twice
-FLOWING = 4.0  # seconds of writing before and after the stall
+FLOWING = 3.0  # seconds of writing before and after the stall
 # The acceptance bound: fewer log lines than this per worker for the whole stall.
 LOG_LINES = 100
 # SIGTERM this long into the stall; the stall lasts well past the stop bound.
 SIGTERM_AFTER = 2.0
-SIGTERM_STALL = 12.0
+SIGTERM_STALL = 8.0
 STOP_BOUND = SETTINGS.lease / 2 + 1
 UNCAUGHT = ("Traceback", "Exception in thread", "never retrieved")
+STALL_SAID = re.compile(r"action=transport_stall\b")
 
 
 @dataclass(slots=True)
@@ -48,13 +50,15 @@ class StallReport:
     counted: Counted
     lines_in_stall: list[int]  # per worker: log lines from the stall's start to its end
     lines_from_stall: list[int]  # per worker: from the stall's start to the worker's exit
+    said: list[bool]  # per worker: whether it logged the stall (action=transport_stall)
 
     def summary(self) -> str:
         return (
             f"parked keys {self.counted.parked_keys} (waiting for an operator: "
             f"{self.counted.operator_keys}), rows with attempts {self.counted.attempted_rows} "
             f"(most {self.counted.most_attempts}), log lines per worker in the stall "
-            f"{self.lines_in_stall}, from the stall to the exit {self.lines_from_stall}; "
+            f"{self.lines_in_stall}, from the stall to the exit {self.lines_from_stall}, "
+            f"said the stall {self.said}; "
             f"park errors: {list(self.counted.errors)}"
         )
 
@@ -66,6 +70,11 @@ def proxy_of(target: KafkaTarget | RabbitTarget) -> Proxy:
 
 def line_counts(run: Run) -> list[int]:
     return [len(run.workers.logs_of(slot).splitlines()) for slot in range(WORKERS)]
+
+
+def lines_since(run: Run, counts: list[int]) -> list[list[str]]:
+    """Per worker, the log lines after the first ``counts[slot]``."""
+    return [run.workers.logs_of(slot).splitlines()[counts[slot] :] for slot in range(WORKERS)]
 
 
 def hold(run: Run, seconds: float) -> None:
@@ -105,20 +114,26 @@ def stalled(
                 hold(run, seconds)
             finally:
                 loop.call(proxy.resume)
-            in_stall = [now - then for now, then in zip(line_counts(run), before, strict=True)]
+            during = lines_since(run, before)
             run.injected()
             hold(run, FLOWING)
             run.finish()
-            total = [now - then for now, then in zip(line_counts(run), before, strict=True)]
+            after = lines_since(run, before)
     finally:
         if report.rows:
             RESULTS.append(report)
-    stall = StallReport(read_counted(run.store), in_stall, total)
+    stall = StallReport(
+        read_counted(run.store),
+        [len(lines) for lines in during],
+        [len(lines) for lines in after],
+        [STALL_SAID.search("\n".join(lines)) is not None for lines in during],
+    )
     print(f"{report.scenario}: {stall.summary()}")
     assert not report.problems(), (report.problems(), stall.summary())
     assert stall.counted.parked_keys == 0, stall.summary()
     assert stall.counted.attempted_rows == 0, stall.summary()
     assert max(stall.lines_from_stall) < LOG_LINES, (stall.summary(), run.workers.tail(0, 60))
+    assert all(stall.said), ("a worker did not log the stall", stall.summary())
     return stall
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from relayer.transports import stalls
 from relayer.transports.base import OutboundBatch, OutgoingMessage, TransportUnavailableError
 from relayer.transports.kafka import KafkaTransport
 from tests.unit.transports.test_kafka_producer import FakeMetadata, FakeProducer, until
@@ -57,8 +58,9 @@ def actions(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def test_a_second_copy_is_refused_while_the_first_waits(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(stalls, "QUIET_SECONDS", 0.0)  # the stall is news at once
     producers: list[FakeProducer] = []
     kafka = transport(producers)
     await kafka.start()
