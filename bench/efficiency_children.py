@@ -1,8 +1,9 @@
 """The processes bench/efficiency.py measures, each started as ``python THIS KIND JSON``.
 
-- ``bare-kafka``, ``bare-rabbitmq``, ``floor``: set up, print ``{"ready": ...}``, wait for a
-  line on stdin, do the measured work, print one JSON line with its own CPU seconds (main
-  thread and whole process, ``time.thread_time`` / ``time.process_time``) around that work.
+- ``bare-kafka``, ``bare-kafka-steady``, ``bare-rabbitmq``, ``floor``: set up, print
+  ``{"ready": ...}``, wait for a line on stdin, do the measured work, print one JSON line with
+  its own CPU seconds (main thread and whole process, ``time.thread_time`` /
+  ``time.process_time``) around that work.
 - ``worker``: relayer.worker.Worker as ``relayer run`` builds it from the same TOML file, with
   every transport wrapped in a SampledAckClock; on SIGTERM it stops gracefully and writes the
   sampled acknowledgement times to a file (steady mode's commit-to-ack latency).
@@ -72,6 +73,37 @@ def bare_kafka(options: dict[str, Any]) -> None:
     started, before = time.perf_counter(), clocks()
     produce_all(producer, options["topic"], batch)
     report(spent(before, seconds=time.perf_counter() - started))
+
+
+def bare_kafka_steady(options: dict[str, Any]) -> None:
+    """bare-kafka at steady mode's rate: ``rate`` messages a second for ``seconds``, each
+    produced on its own as one-row transactions bring them, delivery reports served while it
+    waits for the next one."""
+    from bench.transport_bare import BODY, kafka_producer
+
+    topic = options["topic"]
+    producer = kafka_producer(options["bootstrap"], topic)
+    delivered = 0
+
+    def on_delivery(error: object, _message: object) -> None:
+        nonlocal delivered
+        delivered += error is None
+
+    interval = 1 / options["rate"]
+    ready()
+    started, before = time.perf_counter(), clocks()
+    sent = 0
+    while (elapsed := time.perf_counter() - started) < options["seconds"]:
+        pause = sent * interval - elapsed
+        if pause > 0:
+            producer.poll(pause)
+            continue
+        headers = [("relayer-message-id", str(uuid.uuid4()))]
+        key = f"key-{sent % KEYS}".encode()
+        producer.produce(topic, BODY, key, headers=headers, on_delivery=on_delivery)
+        sent += 1
+    producer.flush(30)
+    report(spent(before, seconds=time.perf_counter() - started, rows=sent, delivered=delivered))
 
 
 async def bare_rabbitmq(options: dict[str, Any]) -> None:
@@ -299,6 +331,8 @@ def main() -> None:
     kind, options = sys.argv[1], json.loads(sys.argv[2])
     if kind == "bare-kafka":
         bare_kafka(options)
+    elif kind == "bare-kafka-steady":
+        bare_kafka_steady(options)
     elif kind == "bare-rabbitmq":
         asyncio.run(bare_rabbitmq(options))
     elif kind == "floor":

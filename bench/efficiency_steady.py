@@ -115,6 +115,47 @@ async def steady(environment: Environment, transport: str) -> None:
         sampled: dict[str, Any] = json.loads(acks.read_text()) if acks.exists() else {}
     inside = sum(1 for at in committed.values() if opened <= at < closed)
     print_steady(environment, transport, window, inside, committed, sampled, opened)
+    if transport == "kafka":
+        await steady_bare_kafka(environment)
+
+
+async def steady_bare_kafka(environment: Environment) -> None:
+    """The bare producer at the same rate, a produce call per message as they come: what the
+    broker and a client spend per message when nothing is sent together."""
+    from bench.transport_bare import create_topic
+
+    arguments = environment.arguments
+    assert environment.bootstrap is not None
+    topic = await asyncio.to_thread(create_topic, environment.bootstrap)
+    seconds = max(arguments.steady_seconds - min(WARM_UP, arguments.steady_seconds / 3), 1.0)
+    child = Child(
+        "bare-kafka-steady",
+        {
+            "bootstrap": environment.bootstrap,
+            "topic": topic,
+            "rate": arguments.steady_rate,
+            "seconds": seconds,
+        },
+    )
+    await child.start()
+    meter = Meter({"broker": environment.broker_pids.get("kafka", [])})
+    await meter.start()
+    await child.go()
+    result = await child.result()
+    window = await meter.stop()
+    rows = max(result["rows"], 1)
+    broker = (
+        f"broker {window.group('broker') * 1e6 / rows:.1f} µs/msg"
+        if "kafka" in environment.broker_pids
+        else "broker not measured (not a local tansu process)"
+    )
+    print(
+        f"- bare confluent-kafka producer at the same rate ({result['rows']:,} messages in "
+        f"{result['seconds']:.1f} s, one per produce call, {result['delivered']:,} delivered): "
+        f"producer {result['process'] * 1e6 / rows:.1f} µs/msg, {broker}: what a request per "
+        "message costs the broker and a client at this rate; the relay shares a request among "
+        "the rows it sends together"
+    )
 
 
 def print_steady(

@@ -44,19 +44,23 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 # Up to this many ids, observe_ages reads every id's timestamp for the histogram's sum; above
 # it, evenly spaced ones (about SUM_SAMPLE / 2).
 SUM_SAMPLE = 64
+# Up to this many ids are recorded one by one (cheaper than a search per bucket).
+FEW_IDS = 4
 _INSTALL_HINT = install_command("metrics")
 
 
 class Histogram:
     """Fixed buckets, updated on the event loop, exported by ``WorkerMetrics`` at scrape time."""
 
-    __slots__ = ("bounds", "count", "counts", "total")
+    __slots__ = ("_floors", "_floors_at", "bounds", "count", "counts", "total")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(float(bound) for bound in bounds)
         self.counts = [0] * (len(self.bounds) + 1)  # per bucket (not cumulative); last: +Inf
         self.count = 0
         self.total = 0.0
+        self._floors_at = -1
+        self._floors: list[str] = []
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
@@ -73,10 +77,20 @@ class Histogram:
         count = len(ids)
         if not count:
             return
+        if count <= FEW_IDS:  # a batch of many lanes with a row or two each: no search
+            for text in ids:
+                self.observe((now_ms - _written_ms(text)) / 1000)
+            return
+        if self._floors_at != now_ms:  # the lanes of one batch share its millisecond
+            self._floors_at = now_ms
+            self._floors = [
+                # ids written at or after this are at most the bound old
+                _uuid7_floor(max(now_ms - int(bound * 1000), 0))
+                for bound in self.bounds
+            ]
         at_most_previous = 0
-        for index, bound in enumerate(self.bounds):
-            oldest_inside = now_ms - int(bound * 1000)  # ids written at or after it are <= bound
-            at_most = count - bisect_left(ids, _uuid7_floor(max(oldest_inside, 0)))
+        for index, floor in enumerate(self._floors):
+            at_most = count - bisect_left(ids, floor)
             self.counts[index] += at_most - at_most_previous
             at_most_previous = at_most
         self.counts[-1] += count - at_most_previous

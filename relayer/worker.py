@@ -3,7 +3,8 @@
 One Worker serves one or more stores. Each store is a dispatch queue whose jobs are lane scans
 keyed by lane number; one worker group (Weighted or Strict over the stores) runs the scans in a
 pool of slots. Scans that become due in the same event-loop turn send their lanes together, in
-one batch transaction of up to GROUP_LANES lanes on a pooled database connection. Per store the
+one batch transaction of up to BATCH_LANES lanes on a pooled database connection, which takes
+more due lanes of the store's queue (up to WIDE_BATCH_LANES) when they wait. Per store the
 worker keeps a heartbeat connection (membership), a probe connection and a LISTEN connection
 that turns writers' notifications into immediate scans; the poll interval is the fallback.
 
@@ -37,7 +38,15 @@ from relayer.errors import ConfigurationError, StoreError
 from relayer.maintenance import Maintenance, maintenance_queue
 from relayer.membership import Membership, new_instance_id
 from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
-from relayer.relay import Coalescer, LaneRelay, Prober, Scan, ScanResult
+from relayer.relay import (
+    BATCH_LANES,
+    WIDE_BATCH_LANES,
+    Coalescer,
+    LaneRelay,
+    Prober,
+    Scan,
+    ScanResult,
+)
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store import RelayStore, Session, StorePool, listen
 from relayer.tracing import RelayTracer, relay_tracer
@@ -47,8 +56,6 @@ logger = logging.getLogger(__name__)
 
 # How long a LISTEN connection waits for a notification before checking for shutdown.
 LISTEN_WAIT = 0.5
-# At most this many lanes share one batch transaction (see StoreRuntime._send).
-GROUP_LANES = 16
 # A stopping worker closes its transports within what is left of its stop budget
 # (lease_duration / 2, by which every batch in flight has ended), but gives them at least this
 # long (seconds): see Worker.run.
@@ -140,7 +147,7 @@ class StoreRuntime:
         # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
         self._due_heads: dict[int, float] = {}
         # Scans due in the same event-loop turn send their lanes in shared transactions.
-        self._batches: Coalescer[ScanResult] = Coalescer(self._send_group, chunk=GROUP_LANES)
+        self._batches: Coalescer[ScanResult] = Coalescer(self._send_group, chunk=BATCH_LANES)
 
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
         for lane in range(self.store.lanes):
@@ -239,6 +246,11 @@ class StoreRuntime:
                 extra={"action": "scan_failed", "store": self.store.name, "lane": lane},
             )
             result = ScanResult(lane, Scan.FAILED, self.relay.backoff, detail=detail)
+        self._scanned(lane, result)
+
+    def _scanned(self, lane: int, result: ScanResult) -> None:
+        """Count a lane scan's result and schedule the lane's next scan from it (none once
+        the worker is stopping)."""
         if result.scan is Scan.STOPPED:
             return
         self.stats.record(result)
@@ -270,18 +282,64 @@ class StoreRuntime:
 
     async def _send_group(self, lanes: list[int]) -> dict[int, ScanResult]:
         """One batch transaction for the lanes whose scans became due in the same event-loop
-        turn (at most GROUP_LANES; more make several batches, sent concurrently). Under a light
-        load a lane goes alone, at once; under a heavy one, many lanes with a few rows each
-        share one lock, one outcome statement and one commit instead of paying for one each."""
+        turn (at most BATCH_LANES; more make several batches, sent concurrently), widened with
+        other lanes already due in the store's queue. Under a light load a lane goes alone, at
+        once; under a heavy one, many lanes with a few rows each share one lock, one outcome
+        statement and one commit instead of paying for one each."""
         if self.relay.stopped:  # not worth waiting for a connection
             return {lane: ScanResult(lane, Scan.STOPPED, 0.0) for lane in lanes}
         async with self.pool.connection("get a batch connection") as conn:
-            started = time.perf_counter()
-            results = await self.relay.send_lanes(conn, lanes)
-            self.stats.batch_seconds.observe(time.perf_counter() - started)
-        if not self.membership.lanes.issuperset(lanes):
+            # Taken once the connection is ours: lanes that became due while it was awaited
+            # join too.
+            extra = self._widen(lanes)
+            try:
+                started = time.perf_counter()
+                results = await self.relay.send_lanes(
+                    conn, sorted([*lanes, *(job.key for job in extra)]) if extra else lanes
+                )
+                self.stats.batch_seconds.observe(time.perf_counter() - started)
+            except BaseException:
+                for job in extra:  # their next scan comes from the poll (or a notification)
+                    self.queue.finish(job)
+                raise
+        by_lane = {result.lane: result for result in results}
+        for job in extra:
+            self._scanned(job.key, by_lane.pop(job.key))
+            self.queue.finish(job)
+        owned = self.membership.lanes
+        if not owned.issuperset(lanes) or any(job.key not in owned for job in extra):
             self._release_soon()
-        return {result.lane: result for result in results}
+        return by_lane
+
+    def _widen(self, lanes: list[int]) -> list[Job[int]]:
+        """Jobs of other lanes due in this store's queue whose heads a probe just saw due, up
+        to WIDE_BATCH_LANES lanes in all, taken from the queue for the batch of ``lanes``. Due
+        jobs wait in the queue only while every slot is busy: under a light load a batch is
+        not widened.
+
+        They ride on the slot of the batch's own scans: the dispatch layer granted that slot
+        for one batch transaction (a store's concurrency limit counts batches in flight), and
+        a paused store starts no scan, so no batch to widen. A lane whose head was not just
+        seen due goes back to wait for a scan of its own (with its probe): no lane is locked,
+        and its lease written, without a due head.
+        """
+        room = WIDE_BATCH_LANES - len(lanes)
+        if room <= 0 or self.membership.expired():
+            return []
+        now = self.now()
+        jobs = self.queue.claim(now, min(room, self.queue.due_count(now)))
+        taken: list[Job[int]] = []
+        owned = self.membership.lanes
+        for job in jobs:
+            seen = self._due_heads.get(job.key)
+            if job.key in owned and seen is not None and now - seen <= self.relay.poll:
+                del self._due_heads[job.key]
+                taken.append(job)
+            else:
+                self.queue.finish(job)
+                if job.key in owned:
+                    self.queue.schedule(job.key, job.due)
+        return taken
 
     def _release_soon(self) -> None:
         """Some lanes of a batch that just ended left this member's share while it ran: give

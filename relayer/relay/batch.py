@@ -33,6 +33,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Lanes that share one batch transaction reading a whole batch_size each (scans due in the same
+# event-loop turn); a batch may take up to WIDE_BATCH_LANES lanes when more are waiting, each
+# read with a smaller limit (LaneRelay.lane_limit): under a backlog spread over many lanes with
+# a few rows each, the cost of a transaction is then shared by far more rows.
+BATCH_LANES = 16
+WIDE_BATCH_LANES = 128
+
 
 class Scan(Enum):
     """How a lane scan ended; it decides when the lane is scanned next."""
@@ -106,7 +113,7 @@ class LaneRelay:
 
     def after_probe(self, head: LaneHead) -> ScanResult | None:
         """The result of a scan the probe already decided, or None if the lane must be sent."""
-        if head.head_id is None:
+        if not head.has_head:
             return ScanResult(head.lane, Scan.EMPTY, self.poll)
         if head.lease_live and head.owner not in (None, self.member):
             return ScanResult(head.lane, Scan.BUSY, min(max(head.lease_left, 0.01), self.poll))
@@ -166,12 +173,21 @@ class LaneRelay:
             )
         return [ScanResult(lane, Scan.FAILED, self.backoff, detail=detail) for lane in lanes]
 
+    def lane_limit(self, lane_count: int) -> int:
+        """Rows read per lane when a batch serves ``lane_count`` lanes: ``batch_size`` for up
+        to BATCH_LANES lanes, fewer for more, so that one transaction reads at most
+        BATCH_LANES x ``batch_size`` rows (a wide batch is for many lanes with a few rows each;
+        a lane with more is read again at once)."""
+        batch_size = self.store.batch_size
+        if lane_count <= BATCH_LANES:
+            return batch_size
+        return max(1, -(-BATCH_LANES * batch_size // lane_count))
+
     async def _batch(
         self, conn: Connection, lanes: Sequence[int], started: float
     ) -> list[ScanResult]:
-        tokens, rows = await self.db.lock_and_read(
-            conn, lanes, self.member, uuid4(), self.store.batch_size
-        )
+        limit = self.lane_limit(len(lanes))
+        tokens, rows = await self.db.lock_and_read(conn, lanes, self.member, uuid4(), limit)
         if not tokens:
             await self.db.end_unchanged(conn)
             return [ScanResult(lane, Scan.BUSY, self.poll) for lane in lanes]
@@ -179,7 +195,7 @@ class LaneRelay:
             for lane in tokens:
                 self.observer(lane, True)
         try:
-            done = await self._send_locked(conn, started, tokens, rows)
+            done = await self._send_locked(conn, started, tokens, rows, limit)
         finally:
             if self.observer is not None:
                 for lane in tokens:
@@ -192,6 +208,7 @@ class LaneRelay:
         started: float,
         tokens: Mapping[int, UUID],
         rows: LaneRows,
+        limit: int,
     ) -> dict[int, ScanResult]:
         """Send the rows of the locked lanes, record the outcomes and commit; each lane's
         result. Lanes with nothing to send are left out of the outcome statement's work but
@@ -260,13 +277,14 @@ class LaneRelay:
         all_acked = len(acked) == len(sendable)
         for lane, (start, ready_end, end) in ready_spans.items():
             if all_acked:
-                results[lane] = self._all_acked(rows, lane, start, ready_end, end)
+                results[lane] = self._all_acked(rows, lane, (start, ready_end, end), limit)
             else:
                 results[lane] = self._lane_result(
                     rows,
                     lane,
                     (start, ready_end, end),
                     report,
+                    limit=limit,
                     acked=acked,
                     failed=failed,
                     gave_up=gave_up,
@@ -274,11 +292,12 @@ class LaneRelay:
         return results
 
     def _all_acked(
-        self, rows: LaneRows, lane: int, start: int, ready_end: int, end: int
+        self, rows: LaneRows, lane: int, span: tuple[int, int, int], limit: int
     ) -> ScanResult:
-        """A lane whose every sendable row was acknowledged."""
+        """A lane whose every sendable row was acknowledged (``limit``: rows read per lane)."""
+        start, ready_end, end = span
         read_count = end - start
-        drained = read_count < self.store.batch_size and ready_end == end
+        drained = read_count < limit and ready_end == end
         return ScanResult(
             lane,
             Scan.SENT,
@@ -294,6 +313,7 @@ class LaneRelay:
         span: tuple[int, int, int],
         report: SendReport,
         *,
+        limit: int,
         acked: Sequence[int],
         failed: Sequence[int],
         gave_up: Sequence[int],
@@ -332,11 +352,7 @@ class LaneRelay:
         # poll).
         settled = len(lane_acked) + sum(1 for index in indexes if keys[index] in failed_keys)
         read_count = end - start
-        drained = (
-            read_count < self.store.batch_size
-            and read_count == ready_end - start
-            and settled == read_count
-        )
+        drained = read_count < limit and read_count == ready_end - start and settled == read_count
         ids = rows.batch.ids
         return ScanResult(
             lane,

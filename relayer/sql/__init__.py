@@ -117,12 +117,24 @@ class Queries:
     def __init__(self, names: StoreNames) -> None:
         self.names = names
         self._rendered = {
-            name: compose(template, names).as_string(None)
+            name: _without_comment_lines(compose(template, names).as_string(None))
             for name, template in raw_queries().items()
         }
 
     def __getitem__(self, name: str) -> LiteralString:
         return self._rendered[name]
+
+
+def _without_comment_lines(statement: str) -> LiteralString:
+    """The statement without its whole-line ``--`` comments (they document the SQL files).
+
+    psycopg caches the parsing of a statement's placeholders only for statements of at most
+    4,096 bytes; the outcome statement's comments alone would push it past that, and parsing it
+    again on every batch costs more than the statement's round trip. Only whole comment lines
+    go: no statement has a string literal spanning lines.
+    """
+    kept = [line for line in statement.splitlines() if not line.lstrip().startswith("--")]
+    return "\n".join(kept)
 
 
 @cache

@@ -65,14 +65,15 @@ FROM {outbox} AS o
     ORDER BY o.id
 
 -- name: _head_columns
--- A fragment: what a probe returns for lane l.lane, from its head h and its lease row s.
+-- A fragment: what a probe returns for lane l.lane, from its head h and its lease row s, in
+-- the order of relayer.store.LaneHead's fields and as their types (a probe of a whole share
+-- returns a row for every busy lane, tens of thousands under a backlog: no conversion per row).
 SELECT l.lane,
-       h.id,
-       h.deliver_at,
+       h.id IS NOT NULL AS has_head,
        coalesce(h.deliver_at > pg_catalog.now(), false) AS future,
        CASE WHEN h.deliver_at > pg_catalog.now() AND pg_catalog.isfinite(h.deliver_at)
             THEN extract(epoch FROM h.deliver_at - pg_catalog.now())::float8 ELSE 0 END AS due_in,
-       s.owner,
+       nullif(s.owner, '') AS owner,
        coalesce(s.expires_at > pg_catalog.now(), false) AS lease_live,
        CASE WHEN s.expires_at > pg_catalog.now() AND pg_catalog.isfinite(s.expires_at)
             THEN extract(epoch FROM s.expires_at - pg_catalog.now())::float8 ELSE 0 END AS lease_left

@@ -11,7 +11,7 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -29,12 +29,13 @@ from relayer.transports.base import OutboundBatch
 FENCE_MARK = "relayer-fence: "
 
 
-@dataclass(frozen=True, slots=True)
-class LaneHead:
-    """What a probe learned about one lane, without taking any lock."""
+class LaneHead(NamedTuple):
+    """What a probe learned about one lane, without taking any lock. A named tuple built
+    straight from the probe's row (its columns are these fields, in order, as these types):
+    a probe of a whole share returns one for every busy lane."""
 
     lane: int
-    head_id: UUID | None
+    has_head: bool  # a sendable (non-parked) head row exists
     future: bool
     due_in: float
     owner: str | None
@@ -274,18 +275,7 @@ def _text_list(numbers: Sequence[int]) -> str:
 
 
 def _heads(rows: Sequence[Sequence[Any]]) -> list[LaneHead]:
-    return [
-        LaneHead(
-            lane=int(lane),
-            head_id=head_id,
-            future=bool(future),
-            due_in=float(due_in or 0.0),
-            owner=owner or None,
-            lease_live=bool(lease_live),
-            lease_left=float(lease_left or 0.0),
-        )
-        for lane, head_id, _deliver_at, future, due_in, owner, lease_live, lease_left in rows
-    ]
+    return list(map(LaneHead._make, rows))
 
 
 async def abandon(conn: Connection) -> None:

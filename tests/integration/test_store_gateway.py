@@ -69,7 +69,7 @@ async def test_a_killed_probe_connection_is_a_store_error_and_the_next_probe_rec
         with pytest.raises(StoreError) as raised:
             await prober.head(3)
         assert_translated(raised.value, "probe lanes")
-        assert (await prober.head(3)).head_id is None
+        assert not (await prober.head(3)).has_head
     finally:
         await prober.close()
 

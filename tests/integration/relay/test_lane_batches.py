@@ -464,7 +464,7 @@ async def test_probe_is_one_query_for_lanes_scanned_together(
     prober = Prober(RelayStore(relay_store), lambda: connection_autocommit(relay_store))
     heads = await asyncio.gather(*(prober.head(lane) for lane in range(4)))
     assert prober.queries == 1
-    assert [head.head_id is not None for head in heads] == [False, True, True, False]
+    assert [head.has_head for head in heads] == [False, True, True, False]
     assert heads[2].future and 200 < heads[2].due_in <= 300
     relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
     assert relay.after_probe(heads[0]) is not None

@@ -1,0 +1,70 @@
+"""A backlog spread over many lanes with a few rows each: one batch transaction takes many of
+the due lanes (up to WIDE_BATCH_LANES), each read with a smaller limit."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+
+from relayer import Outbox
+from relayer.relay import WIDE_BATCH_LANES
+from relayer.settings import WorkerSettings
+from relayer.transports.memory import MemoryTransport
+from relayer.worker import Worker
+from tests.conftest import apply_schema, make_store
+from tests.integration.relay.helpers import bodies_by_key, pending
+from tests.integration.relay.test_wake_linger import keys_in_distinct_lanes
+
+LANES = 1024
+ROWS_PER_KEY = 3
+
+
+async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_dsn: str) -> None:
+    store = make_store(
+        pg_dsn,
+        lanes=LANES,
+        batch_size=4,
+        lease_duration="20s",
+        transports={"memory": {"type": "memory"}},
+        default_transport="memory",
+    )
+    await apply_schema(store)
+    keys = keys_in_distinct_lanes(store, LANES)
+    outbox = Outbox(store)
+    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
+        for number in range(ROWS_PER_KEY):
+            for key in keys:
+                await outbox.write_async(
+                    conn, destination="events", body=f"{key}#{number}".encode(), key=key
+                )
+        await conn.commit()
+    memory = MemoryTransport("memory")
+    # Two slots: without wide batches at most two lanes would go per transaction.
+    worker = Worker(
+        [store],
+        transports={store.name: {"memory": memory}},
+        settings=WorkerSettings(pool_size=2),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        for _ in range(1200):
+            if pending(store) == 0:
+                break
+            await asyncio.sleep(0.05)
+        runtime = worker.runtimes[store.name]
+        transactions = runtime.stats.batch_seconds.count
+    finally:
+        stop.set()
+        await task
+    assert pending(store) == 0
+    received = memory.received("events")
+    assert len(received) == LANES * ROWS_PER_KEY
+    # Each key's rows arrive once each, in the order they were written.
+    assert all(
+        bodies == list(range(ROWS_PER_KEY)) for bodies in bodies_by_key(received).values()
+    ), "a key's rows went out of order or twice"
+    # A wide batch of 128 lanes reads 16 x batch_size / 128 = 1 row per lane: 24 transactions
+    # for the 3,072 rows, 25 measured; batches of the two slots' own lanes took 538.
+    assert transactions <= 2 * ROWS_PER_KEY * LANES // WIDE_BATCH_LANES, transactions
