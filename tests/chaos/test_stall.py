@@ -22,7 +22,15 @@ import pytest
 
 from tests.chaos.brokers import KafkaTarget, RabbitTarget
 from tests.chaos.checker import RESULTS, Report
-from tests.chaos.harness import Counted, Run, Settings, Target, read_counted, running
+from tests.chaos.harness import (
+    Counted,
+    Run,
+    Settings,
+    Target,
+    live_members,
+    read_counted,
+    running,
+)
 from tests.chaos.proxy import LoopThread, Proxy
 
 # The settings of the issue's run: lease 6 s, backoff 0.5 s up to 5 s, 10 attempts, 1,000 keys.
@@ -171,6 +179,7 @@ def sigterm_in_stall(
             run.injected()
             for slot in range(WORKERS):
                 run.workers.replace(slot)  # the next owners
+            joined(run)
             hold(run, FLOWING)
             run.finish()
     finally:
@@ -184,6 +193,15 @@ def sigterm_in_stall(
         assert not found, (found, log[-5000:])
     assert not report.problems(), report.problems()
     return exits
+
+
+def joined(run: Run) -> None:
+    """Wait until every worker process is a live member of the store."""
+    deadline = time.monotonic() + 30
+    while live_members(run.store) < WORKERS:
+        run.workers.assert_running()
+        assert time.monotonic() < deadline, "the new workers did not join within 30 s"
+        time.sleep(0.1)
 
 
 def wait_for_exits(
