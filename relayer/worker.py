@@ -51,12 +51,16 @@ from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store import RelayStore, Session, StorePool, batch_settings, can_listen, listen
 from relayer.throttle import ThrottledLog, shape
 from relayer.tracing import RelayTracer, relay_tracer
-from relayer.transports.base import Transport
+from relayer.transports.base import ClosesWithin, Transport
 
 logger = logging.getLogger(__name__)
 
 # How long a LISTEN connection waits for a notification before checking for shutdown.
 LISTEN_WAIT = 0.5
+# A stopping worker closes its transports within what is left of its stop budget
+# (lease_duration / 2, by which every batch in flight has ended), but gives them at least this
+# long (seconds): see Worker.run.
+CLOSE_FLOOR = 0.1
 
 
 @dataclass(slots=True)
@@ -225,8 +229,9 @@ class StoreRuntime:
                 log.flush_due()
 
     async def scan(self, lane: int) -> None:
-        """One lane scan: probe, send a batch if the head is due, and always reschedule."""
-        if lane not in self.membership.lanes or self.membership.expired():
+        """One lane scan: probe, send a batch if the head is due, and always reschedule (unless
+        the worker is stopping)."""
+        if lane not in self.membership.lanes or self.membership.expired() or self.relay.stopped:
             return  # not ours (any more): membership reschedules it if it comes back
         try:
             result = await self._scan(lane)
@@ -245,7 +250,10 @@ class StoreRuntime:
         self._scanned(lane, result)
 
     def _scanned(self, lane: int, result: ScanResult) -> None:
-        """Count a lane scan's result and schedule the lane's next scan from it."""
+        """Count a lane scan's result and schedule the lane's next scan from it (none once
+        the worker is stopping)."""
+        if result.scan is Scan.STOPPED:
+            return
         self.stats.record(result)
         if result.scan is Scan.UNAVAILABLE:
             self.log.warning(
@@ -289,6 +297,8 @@ class StoreRuntime:
         other lanes already due in the store's queue. Under a light load a lane goes alone, at
         once; under a heavy one, many lanes with a few rows each share one lock, one outcome
         statement and one commit instead of paying for one each."""
+        if self.relay.stopped:  # not worth waiting for a connection
+            return {lane: ScanResult(lane, Scan.STOPPED, 0.0) for lane in lanes}
         async with self.pool.connection("get a batch connection") as conn:
             # Taken once the connection is ours: lanes that became due while it was awaited
             # join too.
@@ -489,6 +499,31 @@ class Worker:
         )
         self.started = asyncio.Event()
 
+    def _stopping(self) -> float:
+        """Stop claiming jobs and admitting rows; when the stop must be done (every batch in
+        flight ends within half a lease of its start, so by then)."""
+        self.group.stop()
+        for runtime in self.runtimes.values():
+            runtime.relay.stop()
+        longest = max(runtime.store.lease_duration for runtime in self.runtimes.values())
+        return time.monotonic() + longest.total_seconds() / 2
+
+    async def _finish_jobs(self, group: asyncio.Task[None], stop_by: float) -> None:
+        """Let the running jobs finish until ``stop_by``; cancel what is left then (a batch
+        rolls back: its rows stay for the next owner)."""
+        done, _ = await asyncio.wait({group}, timeout=max(stop_by - time.monotonic(), 0.0))
+        if done:
+            group.result()
+            return
+        logger.warning(
+            "worker %s: jobs still running at the end of the stop budget (lease_duration / 2) "
+            "were cancelled; their rows are sent by the next owner",
+            self.member,
+            extra={"action": "stop_cancelled", "member": self.member},
+        )
+        group.cancel()
+        await asyncio.wait({group})
+
     def _policy(self, names: Sequence[str]) -> Strict | Weighted:
         # Maintenance queues hold at most one job per task, so they can never take more than
         # a few slots: weight 1 (Weighted), or first in line (Strict, so that lanes that are
@@ -526,6 +561,7 @@ class Worker:
         """Serve until ``stop`` is set (or the task is cancelled), then shut down gracefully:
         finish the batches in flight, release every lane and leave the membership."""
         stop = stop or asyncio.Event()
+        stop_by: float | None = None
         self.group.validate()
         transports = {id(t): t for r in self.runtimes.values() for t in r.transports.values()}
         started_transports: list[Transport] = []
@@ -557,24 +593,19 @@ class Worker:
                 group = tasks.create_task(self.group.run())
                 self.started.set()
                 await stop.wait()
-                self.group.stop()
-                await group
+                stop_by = self._stopping()
+                await self._finish_jobs(group, stop_by)
         finally:
             stop.set()
+            if stop_by is None:
+                stop_by = self._stopping()
             for runtime in opened:
                 await runtime.close()
             for gate in gates:
                 await gate.close()
-            for transport in started_transports:
-                try:
-                    await transport.close()
-                except Exception as exc:
-                    logger.warning(
-                        "closing transport %s failed: %s",
-                        transport.name,
-                        exc,
-                        extra={"action": "transport_close_failed"},
-                    )
+            # Together: a stalled broker's transport must not use up the others' time.
+            within = max(stop_by - time.monotonic(), CLOSE_FLOOR)
+            await asyncio.gather(*(_close(transport, within) for transport in started_transports))
             # A start-up failure is reported by whoever awaited run() (the CLI prints it): an
             # INFO "stopped" line just before that error would only confuse.
             logger.log(
@@ -583,6 +614,32 @@ class Worker:
                 self.member,
                 extra={"action": "stop"},
             )
+
+
+async def _close(transport: Transport, seconds: float) -> None:
+    """Close ``transport`` within ``seconds`` (what is left of the stop budget): through its
+    ``close_within`` if it has one, else its ``close``, abandoned after that long."""
+    try:
+        if isinstance(transport, ClosesWithin):
+            await transport.close_within(seconds)
+        else:
+            async with asyncio.timeout(seconds):
+                await transport.close()
+    except TimeoutError:
+        logger.warning(
+            "transport %s did not close within %.1f s (the rest of the stop budget); abandoned: "
+            "its unacknowledged rows are sent again by the next owner",
+            transport.name,
+            seconds,
+            extra={"action": "transport_close_failed"},
+        )
+    except Exception as exc:
+        logger.warning(
+            "closing transport %s failed: %s",
+            transport.name,
+            exc,
+            extra={"action": "transport_close_failed"},
+        )
 
 
 def _build_transports(stores: Sequence[StoreSettings]) -> dict[str, dict[str, Transport]]:

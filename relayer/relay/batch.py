@@ -23,7 +23,7 @@ from uuid import UUID, uuid4
 
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import FencedWriteError, StoreError
-from relayer.relay.pipeline import IN_FLIGHT, UNSENT, SendReport, send_batch
+from relayer.relay.pipeline import IN_FLIGHT, UNSENT, BatchSender, SendReport
 from relayer.settings import StoreSettings
 from relayer.store import Connection, LaneHead, LaneRows, RelayStore, RowFailure
 from relayer.throttle import ThrottledLog, shape
@@ -49,8 +49,9 @@ class Scan(Enum):
     EMPTY = "empty"  # nothing to send: poll_interval
     FUTURE = "future"  # head is future-dated: at its due time (or poll_interval, earlier)
     BUSY = "busy"  # another live owner holds the lane: at its expiry (or poll_interval)
-    UNAVAILABLE = "unavailable"  # the broker is unreachable: retry_backoff
+    UNAVAILABLE = "unavailable"  # the broker is unreachable or silent: retry_backoff
     FAILED = "failed"  # database trouble: rolled back, retry_backoff
+    STOPPED = "stopped"  # the worker is stopping: nothing sent, not scanned again
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,16 @@ class LaneRelay:
         self.backoff = min(store.retry_backoff.total_seconds(), lease / 3)
         # While the database or a broker is down every lane fails alike: one line per cause.
         self.log = ThrottledLog(logger)
+        # Set by stop(): no batch starts, and the batches sending now admit no new row.
+        self.stopped = False
+        self._senders: set[BatchSender] = set()
+
+    def stop(self) -> None:
+        """The worker is stopping: batches in flight admit no new row (they wait for what they
+        sent until their deadline and commit the confirmed prefix); no new batch starts."""
+        self.stopped = True
+        for sender in self._senders:
+            sender.stop_admitting()
 
     def after_probe(self, head: LaneHead) -> ScanResult | None:
         """The result of a scan the probe already decided, or None if the lane must be sent."""
@@ -148,6 +159,8 @@ class LaneRelay:
     async def _send_lanes(
         self, conn: Connection, lanes: Sequence[int], trace: BatchTrace | None
     ) -> list[ScanResult]:
+        if self.stopped:
+            return [ScanResult(lane, Scan.STOPPED, 0.0) for lane in lanes]
         started = self.clock()
         try:
             async with asyncio.timeout(self.batch_deadline):
@@ -239,7 +252,7 @@ class LaneRelay:
         if not sendable:
             await self.db.end_unchanged(conn)
             return results
-        report = await send_batch(
+        sender = BatchSender(
             rows,
             sendable,
             self.resolve,
@@ -249,6 +262,13 @@ class LaneRelay:
             clock=self.clock,
             report=None if trace is None else trace.sending(rows, sendable),
         )
+        if self.stopped:
+            sender.stop_admitting()
+        self._senders.add(sender)
+        try:
+            report = await sender.run()
+        finally:
+            self._senders.discard(sender)
         acked, failed = report.outcomes(rows, sendable)
         failures = [report.failure(rows, index) for index in failed]
         gave_up: Sequence[int] = ()
@@ -339,9 +359,9 @@ class LaneRelay:
                 # Its broker cannot be reached: not the rows' fault, wait as if alone.
                 return ScanResult(lane, Scan.UNAVAILABLE, self.backoff, detail=down)
             if any(states[index] == IN_FLIGHT for index in indexes):
-                return ScanResult(
-                    lane, Scan.FAILED, self.backoff, detail="no acknowledgement in time"
-                )
+                # Sent, but the broker acknowledged none of it within the batch deadline: a
+                # stalled or slow broker, not the rows' fault (they stay, no attempt counted).
+                return ScanResult(lane, Scan.UNAVAILABLE, self.backoff, detail=_NO_ACK)
             # Nothing of it was published: other lanes of the batch used up the admission
             # window. Its turn comes at once.
             return ScanResult(lane, Scan.SENT, 0.0, cut_short=True)
@@ -395,6 +415,12 @@ class LaneRelay:
                 self.store.name,
                 extra={"action": "give_up", "store": self.store.name, "lane": lane},
             )
+
+
+_NO_ACK = (
+    "the broker acknowledged nothing of this lane's batch within the batch deadline "
+    "(lease_duration / 2); the rows stay and are sent again, no attempt is counted"
+)
 
 
 def _lane_spans(rows: LaneRows) -> dict[int, tuple[int, int]]:

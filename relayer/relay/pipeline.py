@@ -180,6 +180,12 @@ class BatchSender:
     def _admitting(self) -> bool:
         return self.clock() < self.admit_until
 
+    def stop_admitting(self) -> None:
+        """Admit no new row from now on (the worker is stopping); what was handed over is still
+        waited for until ``wait_until``."""
+        self.admit_until = min(self.admit_until, self.clock())
+        self._wake.set()
+
     # -- preparation: transports, destinations and which rows may go at once -----------------
 
     async def _prepare(self) -> None:

@@ -190,6 +190,19 @@ class BatchPublisher(Protocol):
         ...
 
 
+@runtime_checkable
+class ClosesWithin(Protocol):
+    """What a transport implements, besides :class:`Transport`, to close within a time its
+    caller chooses: a stopping worker passes what is left of its stop budget, so that a
+    stalled broker cannot hold up its exit. Without it, the worker abandons ``close()`` after
+    that long."""
+
+    async def close_within(self, seconds: float) -> None:
+        """``close``, waiting at most ``seconds`` for the broker (then failing what is left as
+        :class:`TransportUnavailableError`) and returning by then."""
+        ...
+
+
 class PerMessage:
     """``publish_batch`` for a transport that only has ``publish``: one awaitable a message."""
 

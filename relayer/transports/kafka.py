@@ -56,7 +56,9 @@ from relayer.transports.kafka_rules import (
     refused_settings,
     topic_error,
 )
+from relayer.transports.kafka_stall import Generation, drop_everything, in_thread, stuck
 from relayer.transports.options import Options
+from relayer.transports.stalls import StallNotice
 
 logger = logging.getLogger(__name__)
 
@@ -68,19 +70,10 @@ _MISSING_TOPIC_SECONDS = 5.0
 _REBUILD_RETRY_SECONDS = 1.0
 
 _Delivered = list[tuple[asyncio.Future[None], Any, Any]]
-_Settles = list[tuple[Settle, int, Any, Any]]
+# Whom a publish_batch message's report settles: (settle, index, message id).
+_Target = tuple[Settle, int, str]
+_Settles = list[tuple[_Target, Any, Any]]
 ProducerFactory = Callable[[dict[str, Any]], Any]
-
-
-class _Generation:
-    """One librdkafka producer; replaced as a whole after a fatal error."""
-
-    __slots__ = ("fatal", "number", "producer")
-
-    def __init__(self, number: int, producer: Any) -> None:
-        self.number = number
-        self.producer = producer
-        self.fatal: str | None = None
 
 
 class KafkaTransport:
@@ -107,34 +100,38 @@ class KafkaTransport:
         self._path = f"stores.{store}.transports.{name}" if store else f"Kafka transport {name}"
         self._log = ThrottledLog(logger)
         self._librdkafka = LibrdkafkaLog(self._path, store)
-        # No delivery report at all for this long while messages wait: the producer is stuck
-        # (seen after a broker lost its producer ids: librdkafka bumps the epoch forever).
+        # No delivery report at all for this long while messages wait: either the cluster is
+        # silent (a network or broker stall: wait for it) or, if it still answers a metadata
+        # request, the producer is stuck (seen after a broker lost its producer ids: librdkafka
+        # bumps the epoch forever) and is rebuilt.
         deadline = batch_deadline.total_seconds() if batch_deadline is not None else 0.0
         self._stall_timeout = stall_timeout if stall_timeout is not None else max(deadline, 10.0)
-        self._last_progress = time.monotonic()
         self._config = check_config(config, batch_deadline)
         self._shown = redact_mapping(self._config)
         self._close_timeout = close_timeout
         self._metadata_timeout = metadata_timeout
         self._new_producer: ProducerFactory = producer_factory or Producer
         self._max_bytes = int(self._config.get("message.max.bytes", 1_000_000))
-        self._generation: _Generation | None = None
+        self._generation: Generation | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._replaced = threading.Event()
         self._rebuild_failures = 0
         self._stopped: asyncio.Future[None] | None = None
+        # How long the poll thread flushes when it stops (close() sets it).
+        self._flush_seconds = close_timeout
         self._delivered: _Delivered = []
         self._outstanding: set[asyncio.Future[None]] = set()
-        # Delivery reports of publish_batch's messages, collected by the poll thread, and how
-        # many such messages wait for one (counted on the event loop's thread).
+        # Delivery reports of publish_batch's messages, collected by the poll thread.
         self._settles: _Settles = []
-        self._batched = 0
         self._space = asyncio.Event()
         self._waiting_for_space = 0
         self._known_topics: set[str] = set()
         self._missing_topics: dict[str, tuple[float, str]] = {}
+        self._notice = StallNotice(
+            logger, name, "Kafka", "check the brokers and the network between them and the worker"
+        )
         self._closed = False
 
     @classmethod
@@ -178,15 +175,13 @@ class KafkaTransport:
             return
         self._loop = asyncio.get_running_loop()
         self._stopped = self._loop.create_future()
-        self._generation = _Generation(1, self._create_producer(1))
+        self._generation = Generation(1, self._create_producer(1))
         self._thread = threading.Thread(
             target=self._poll_forever, name=f"relayer-kafka-{self._name}", daemon=True
         )
         self._thread.start()
         try:
-            await asyncio.to_thread(
-                self._generation.producer.list_topics, None, self._metadata_timeout
-            )
+            await in_thread(self._generation.producer.list_topics, None, self._metadata_timeout)
         except KafkaException as exc:
             await self.close()
             raise TransportError(
@@ -280,15 +275,23 @@ class KafkaTransport:
         if generation.fatal is not None:
             raise _rebuilding(generation.fatal)
         produce = generation.producer.produce
+        waiting = generation.waiting
         try:
             for index in indexes:
+                message_id = ids[index]
+                if message_id in waiting:
+                    # An earlier copy (of a batch that ended without its report) still waits in
+                    # the producer: a stall, not the row's fault. No second copy is queued behind
+                    # it, so a long stall does not pile up copies to deliver afterwards.
+                    self._notice.refused(len(waiting), generation.last_report)
+                    settle(index, _still_waiting(message_id))
+                    return handed
                 topic = topics[index]
                 if topic not in known:
                     problem = await self._lookup_topic(topic, use_cache=True)
                     self._require_same(generation)
                     if problem is not None:
                         settle(index, SendError(problem, retryable=False))
-                        self._batched += handed
                         return handed
                 key = keys[index]
                 headers = [(MESSAGE_ID_HEADER, ids[index]), (ORDERING_KEY_HEADER, key)]
@@ -300,11 +303,11 @@ class KafkaTransport:
                     bodies[index],
                     key,
                     headers=headers,
-                    on_delivery=functools.partial(record, settles, settle, index),
+                    on_delivery=functools.partial(record, settles, (settle, index, message_id)),
                 )
+                waiting.add(message_id)
                 handed += 1
         except BufferError:
-            self._batched += handed
             return await self._after_full_queue(
                 generation,
                 batch=batch,
@@ -314,7 +317,6 @@ class KafkaTransport:
                 handed=handed,
             )
         except KafkaException as exc:
-            self._batched += handed
             error = exc.args[0] if exc.args else None
             if isinstance(error, KafkaError) and error.code() == KafkaError._FATAL:
                 self._mark_fatal(generation, error)
@@ -322,12 +324,11 @@ class KafkaTransport:
             index = indexes[handed]
             settle(index, produce_error(exc, batch.message(index), self._max_bytes))
             return handed
-        self._batched += handed
         return handed
 
     async def _after_full_queue(
         self,
-        generation: _Generation,
+        generation: Generation,
         *,
         batch: OutboundBatch,
         indexes: Sequence[int],
@@ -351,9 +352,16 @@ class KafkaTransport:
 
     async def close(self) -> None:
         """Flush (up to ``close_timeout``), fail what is left as retryable, stop the thread."""
+        await self.close_within(self._close_timeout)
+
+    async def close_within(self, seconds: float) -> None:
+        """``close``, flushing for at most ``seconds`` (and at most ``close_timeout``): a
+        stopping worker passes what is left of its stop budget. Nothing waits on the cluster
+        beyond that, so a stalled broker cannot hold up a worker's exit."""
         if self._closed:
             return
         self._closed = True
+        self._flush_seconds = max(min(self._close_timeout, seconds), 0.0)
         if self._thread is not None and self._stopped is not None:
             self._stopping.set()
             self._replaced.set()
@@ -373,7 +381,7 @@ class KafkaTransport:
 
     # -- loop thread -----------------------------------------------------------------
 
-    def _require_same(self, generation: _Generation) -> None:
+    def _require_same(self, generation: Generation) -> None:
         """After an await inside ``publish``: the producer it started with must still be the
         current one. A rebuild meanwhile failed the key's earlier messages (they die with the
         old producer), so this one must not go to the new producer ahead of their resend."""
@@ -381,7 +389,7 @@ class KafkaTransport:
         if current is not generation:
             raise _rebuilding(generation.fatal or "the producer was replaced")
 
-    def _require_started(self) -> _Generation:
+    def _require_started(self) -> Generation:
         if self._generation is None or self._closed:
             raise TransportError(
                 f"Kafka transport {self._name!r} is "
@@ -402,6 +410,8 @@ class KafkaTransport:
             self._waiting_for_space -= 1
 
     def _resolve(self, delivered: _Delivered) -> None:
+        if self._notice.since is not None and any(error is None for _, error, _ in delivered):
+            self._notice.acknowledged()
         outstanding = self._outstanding
         for future, error, report in delivered:
             outstanding.discard(future)
@@ -422,10 +432,13 @@ class KafkaTransport:
         if self._waiting_for_space:
             self._space.set()
 
-    def _resolve_settles(self, settles: _Settles) -> None:
-        self._batched -= len(settles)
+    def _resolve_settles(self, generation: Generation, settles: _Settles) -> None:
+        waiting = generation.waiting
         dropped: TransportUnavailableError | None = None
-        for settle, index, error, report in settles:
+        if self._notice.since is not None and any(error is None for _, error, _ in settles):
+            self._notice.acknowledged()
+        for (settle, index, message_id), error, report in settles:
+            waiting.discard(message_id)
             if error is None:
                 settle(index, None)
             elif error.code() in _NOT_SENT:
@@ -441,7 +454,7 @@ class KafkaTransport:
         if self._waiting_for_space:
             self._space.set()
 
-    def _replace(self, generation: _Generation) -> None:
+    def _replace(self, generation: Generation) -> None:
         """After a fatal error: fail what the dead producer held, then start a new one."""
         failure = _rebuilding(generation.fatal or "unknown fatal error")
         for future in self._outstanding:
@@ -472,10 +485,7 @@ class KafkaTransport:
                 asyncio.get_running_loop().call_later(delay, self._replace, generation)
                 return
             self._rebuild_failures = 0
-            self._generation = _Generation(number, producer)
-            # The new producer's stall clock starts now, or it would count as stalled at once
-            # and be replaced again on every poll.
-            self._last_progress = time.monotonic()
+            self._generation = Generation(number, producer)
             self._log.warning(
                 "rebuild",
                 "%s rebuilt its producer after a fatal error: %s; the messages it held "
@@ -490,7 +500,7 @@ class KafkaTransport:
             )
         self._replaced.set()
 
-    def _mark_fatal(self, generation: _Generation, error: Any) -> None:
+    def _mark_fatal(self, generation: Generation, error: Any) -> None:
         if generation.fatal is None:
             generation.fatal = redact(_text(error))
 
@@ -505,7 +515,7 @@ class KafkaTransport:
                 return remembered
         generation = self._require_started()
         try:
-            metadata = await asyncio.to_thread(
+            metadata = await in_thread(
                 generation.producer.list_topics, topic, self._metadata_timeout
             )
         except KafkaException as exc:
@@ -563,7 +573,7 @@ class KafkaTransport:
                     # anything unexpected is treated alike): the thread must live on and
                     # rebuild the producer, or no ack ever resolves.
                     self._mark_fatal(generation, exc)
-                self._hand_over(loop)
+                self._hand_over(loop, generation)
                 self._log.flush_due()
                 self._librdkafka.flush_due()
                 self._watch_for_stall(generation)
@@ -573,35 +583,45 @@ class KafkaTransport:
         finally:
             loop.call_soon_threadsafe(_finish, self._stopped)
 
-    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _hand_over(
+        self, loop: asyncio.AbstractEventLoop, generation: Generation, *, polled: bool = True
+    ) -> None:
+        """Hand the collected reports to the event loop; ``polled``: they came from polling
+        (not from a purge of ours), so the cluster answered."""
+        reported = False
         if self._delivered:
             batch = self._delivered[:]
             self._delivered.clear()
-            self._last_progress = time.monotonic()
+            reported = True
             loop.call_soon_threadsafe(self._resolve, batch)
         if self._settles:
             # Copied and cleared, never replaced: each produce call bound this very list, and
             # the callbacks that fill it run in this thread, inside poll().
             settles = self._settles[:]
             self._settles.clear()
-            self._last_progress = time.monotonic()
-            loop.call_soon_threadsafe(self._resolve_settles, settles)
+            reported = True
+            loop.call_soon_threadsafe(self._resolve_settles, generation, settles)
+        if reported and polled:
+            generation.last_report = time.monotonic()
+            generation.probe = None
 
-    def _watch_for_stall(self, generation: _Generation) -> None:
-        now = time.monotonic()
-        if not self._outstanding and self._batched <= 0:
-            self._last_progress = now
-        elif now - self._last_progress > self._stall_timeout and generation.fatal is None:
-            self._mark_fatal(
-                generation,
-                f"no delivery report for {self._stall_timeout:g} s while "
-                f"{len(self._outstanding) + max(self._batched, 0)} message(s) waited",
-            )
+    def _watch_for_stall(self, generation: Generation) -> None:
+        """Rebuild ``generation`` if it is stuck (see relayer.transports.kafka_stall); a
+        silent cluster is waited for, its messages kept."""
+        if generation.fatal is not None:
+            return
+        reason = stuck(
+            generation,
+            stall_timeout=self._stall_timeout,
+            probe_timeout=self._metadata_timeout,
+            topic=next(iter(self._known_topics), None),
+        )
+        if reason is not None:
+            self._mark_fatal(generation, reason)
 
-    def _retire(self, loop: asyncio.AbstractEventLoop, generation: _Generation) -> None:
-        generation.producer.purge()
-        generation.producer.poll(0)
-        self._hand_over(loop)
+    def _retire(self, loop: asyncio.AbstractEventLoop, generation: Generation) -> None:
+        drop_everything(generation.producer)
+        self._hand_over(loop, generation, polled=False)
         self._replaced.clear()
         loop.call_soon_threadsafe(self._replace, generation)
         self._replaced.wait()
@@ -610,11 +630,16 @@ class KafkaTransport:
         generation = self._generation
         if generation is None:
             return
-        if generation.fatal is None:
-            generation.producer.flush(self._close_timeout)
-        generation.producer.purge()
-        generation.producer.poll(0)
-        self._hand_over(loop)
+        if generation.fatal is None and self._flush_seconds > 0:
+            try:
+                generation.producer.flush(self._flush_seconds)
+            except Exception as exc:  # e.g. a fatal error raised by the flush: fail the rest
+                logger.debug("Kafka transport %s: flush failed: %s", self._name, _text(exc))
+        # Messages in flight are left to the producer's destruction: purging them would be a
+        # gapless-guarantee violation that librdkafka reports as a fatal error, for nothing
+        # (their rows stay in the outbox either way).
+        drop_everything(generation.producer, in_flight=False)
+        self._hand_over(loop, generation, polled=False)
 
 
 _RESERVED = frozenset({MESSAGE_ID_HEADER, ORDERING_KEY_HEADER})
@@ -629,9 +654,9 @@ def _record_delivery(
     delivered.append((future, error, report if error is not None else None))
 
 
-def _record_settle(settles: _Settles, settle: Settle, index: int, error: Any, report: Any) -> None:
+def _record_settle(settles: _Settles, target: _Target, error: Any, report: Any) -> None:
     # Runs in the poll thread, inside producer.poll(): only collect; the loop settles.
-    settles.append((settle, index, error, report if error is not None else None))
+    settles.append((target, error, report if error is not None else None))
 
 
 def _finish(stopped: asyncio.Future[None] | None) -> None:
@@ -644,6 +669,13 @@ def _over_queue(message: OutgoingMessage) -> str:
         f"the message ({len(message.body):,} bytes of body) is larger than the producer's "
         "local queue (queue.buffering.max.kbytes), so librdkafka can never accept it; raise "
         "queue.buffering.max.kbytes above message.max.bytes"
+    )
+
+
+def _still_waiting(message_id: str) -> TransportUnavailableError:
+    return TransportUnavailableError(
+        f"an earlier copy of message {message_id} still waits for Kafka's acknowledgement (the "
+        "cluster is slow or stalled); this copy will be sent after it"
     )
 
 

@@ -59,6 +59,7 @@ from relayer.transports.base import (
 )
 from relayer.transports.options import Options, TransportOptionError
 from relayer.transports.rabbitmq_routes import Route, RouteError, parse_route
+from relayer.transports.stalls import StallNotice
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,15 @@ class RabbitMQTransport:
         self._underlay: Any = None
         self._connect_lock = asyncio.Lock()
         self._last_failure: tuple[float, str] | None = None
+        # When the broker last confirmed a message (or a publish found none waiting); a stall
+        # is said once, and when it is over.
+        self._confirmed_at = time.monotonic()
+        self._notice = StallNotice(
+            logger,
+            name,
+            "RabbitMQ",
+            "check the broker's alarms (rabbitmqctl status) and the network",
+        )
         self._routes: dict[str, Route | str] = {}
         self._exchanges: set[str] = set()
         self._outstanding: set[asyncio.Future[None]] = set()  # publish()'s awaitables
@@ -308,6 +318,8 @@ class RabbitMQTransport:
                 "fix the row's headers or destination",
                 retryable=False,
             )
+        if not self._unconfirmed:  # nothing waited for a confirm: nothing is overdue
+            self._confirmed_at = time.monotonic()
         self._unconfirmed += 1
         item = _Queued(underlay, payload, message_id, route, routing_key, settle, body, properties)
         self._queued.append(item)
@@ -321,24 +333,52 @@ class RabbitMQTransport:
 
     async def close(self) -> None:
         """Wait for outstanding confirms (up to ``close_timeout``), then disconnect."""
+        await self.close_within(self._close_timeout)
+
+    async def close_within(self, seconds: float) -> None:
+        """``close``, returning within ``seconds`` (and ``close_timeout``) whatever the broker
+        does: a stopping worker passes what is left of its stop budget. A broker that does not
+        answer the connection's close in time is left behind (the socket goes with the
+        process); what is still unconfirmed fails as "will be sent again"."""
         if self._closed:
             return
         self._closed = True
+        deadline = time.monotonic() + max(min(seconds, self._close_timeout), 0.0)
         self._flush()
         pending = list(self._outstanding)
         if pending:
-            _, late = await asyncio.wait(pending, timeout=self._close_timeout)
+            _, late = await asyncio.wait(pending, timeout=max(deadline - time.monotonic(), 0))
             if late:
                 logger.warning(
-                    "RabbitMQ transport %s closes with %s unconfirmed messages",
+                    "RabbitMQ transport %s closes with %s unconfirmed messages; they are sent "
+                    "again by the next owner",
                     self._name,
                     len(late),
                     extra={"action": "transport_close", "rows": len(late)},
                 )
+        closing = asyncio.ensure_future(self._disconnect_locked())
+        done, _ = await asyncio.wait({closing}, timeout=max(deadline - time.monotonic(), 0))
+        if not done:
+            # The first cancellation ends aiormq's wait for the broker's Close-Ok, a second
+            # one its wait for the socket to flush (a blocked broker may never read it).
+            for _ in range(2):
+                closing.cancel()
+                done, _ = await asyncio.wait({closing}, timeout=0.05)
+                if done:
+                    break
+            logger.debug("RabbitMQ transport %s: the broker did not answer the close", self._name)
+        closed = TransportUnavailableError(
+            f"RabbitMQ transport {self._name!r} closed before the broker confirmed the message; "
+            "it will be sent again"
+        )
+        for future in pending:
+            if not future.done():
+                future.set_exception(closed)
+                future.exception()  # retrieved: whoever gave up on it is not warned at exit
+
+    async def _disconnect_locked(self) -> None:
         async with self._connect_lock:  # not while a reconnect is half done
             await self._disconnect()
-        if pending:
-            await asyncio.wait(pending)
 
     # -- internals -------------------------------------------------------------------
 
@@ -386,6 +426,7 @@ class RabbitMQTransport:
                 # A basic.return names the message by its id: with two copies unconfirmed, a
                 # return could fail the wrong one. The earlier copy settles first; this one is
                 # the broker's delay, not the row's fault (no attempt is counted).
+                self._notice.refused(self._unconfirmed, self._confirmed_at)
                 self._settle_unwritten(item, _still_unconfirmed(item.message_id))
                 continue
             if confirms is None or item.properties is not None:
@@ -458,6 +499,9 @@ class RabbitMQTransport:
         self._release_room()
         if error is None:
             item.settle(None)
+            self._confirmed_at = time.monotonic()
+            if self._notice.since is not None:
+                self._notice.acknowledged()
             return
         route, routing_key = item.route, item.routing_key
         if isinstance(error, aiormq.exceptions.PublishError):

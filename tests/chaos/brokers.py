@@ -38,15 +38,18 @@ class KafkaTarget:
         self.destination = unique("chaos")
         create_topics(self.bootstrap, [self.destination], partitions=PARTITIONS)
         self.earlier: list[Received] = []  # what a restarted broker held before it lost it
+        # The transport's close_timeout (None: the transport's default).
+        self.close_timeout: float | None = 5.0
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.proxy_port}"
 
     def transport_toml(self) -> str:
+        close = "" if self.close_timeout is None else f"close_timeout = {self.close_timeout}\n"
         return (
             f'type = "kafka"\n"bootstrap.servers" = "{self.bootstrap}"\n'
-            f'"client.id" = "{WORKER_CLIENT_ID}"\nclose_timeout = 5\n'
+            f'"client.id" = "{WORKER_CLIENT_ID}"\n{close}'
         )
 
     def read_all(self) -> list[Received]:

@@ -55,6 +55,8 @@ class Settings:
     poll: float = 0.5
     pool_size: int = 4
     retry_backoff: float = 0.5
+    retry_backoff_max: float | None = None  # None: retry_backoff x 4
+    max_attempts: int = 10
     keys: int = 200
     rows_per_second: int = 300
     rows_per_transaction: int = 10
@@ -73,15 +75,20 @@ _AUDIT_SQL = """
 CREATE TABLE chaos_written (id uuid PRIMARY KEY, key text NOT NULL, seq int NOT NULL);
 CREATE TABLE chaos_deletes (
     id uuid NOT NULL, lane int, client_port int, lease_owner text, lease_mine bool,
-    lease_live bool, at timestamptz NOT NULL DEFAULT clock_timestamp()
+    lease_live bool, attempts int, at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE TABLE chaos_parks (
+    key text NOT NULL, attempts int, waits_for_operator bool, error text,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE FUNCTION chaos_audit_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO chaos_deletes (id, lane, client_port, lease_owner, lease_mine, lease_live)
+    INSERT INTO chaos_deletes (id, lane, client_port, lease_owner, lease_mine, lease_live,
+                               attempts)
     SELECT OLD.id, OLD.lane, inet_client_port(), l.owner,
            coalesce(l.xmin = pg_current_xact_id()::xid OR l.xmax = pg_current_xact_id()::xid,
                     false),
-           coalesce(l.expires_at > clock_timestamp(), false)
+           coalesce(l.expires_at > clock_timestamp(), false), OLD.attempts
     FROM (SELECT 1) AS one
     LEFT JOIN {leases} AS l ON l.lane = OLD.lane;
     RETURN OLD;
@@ -89,6 +96,15 @@ END
 $$;
 CREATE TRIGGER chaos_audit AFTER DELETE ON {outbox}
     FOR EACH ROW EXECUTE FUNCTION chaos_audit_delete();
+CREATE FUNCTION chaos_audit_park() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_parks (key, attempts, waits_for_operator, error)
+    VALUES (NEW.ordering_key, NEW.attempts, NEW.retry_at IS NULL, NEW.last_error);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER chaos_audit_park AFTER INSERT OR UPDATE ON {parked}
+    FOR EACH ROW EXECUTE FUNCTION chaos_audit_park();
 """
 
 
@@ -96,6 +112,7 @@ def install_audit(store: StoreSettings) -> None:
     statement = sql.SQL(_AUDIT_SQL).format(
         leases=sql.Identifier(store.names.table("leases")),
         outbox=sql.Identifier(store.names.table("outbox")),
+        parked=sql.Identifier(store.names.table("parked")),
     )
     with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
         conn.execute(statement)
@@ -114,6 +131,39 @@ def read_audit(store: StoreSettings) -> Audit:
         ).fetchone()
     assert row is not None
     return Audit(int(row[0]), int(row[1]))
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """What the relay counted against rows and keys in a run (from the audit tables)."""
+
+    attempted_rows: int  # rows (deleted or pending) with at least one attempt counted
+    most_attempts: int
+    parked_keys: int  # distinct keys ever parked
+    operator_keys: int  # distinct keys that ever waited for an operator (retry_at NULL)
+    errors: tuple[str, ...]  # the most frequent park errors, a few
+
+
+def read_counted(store: StoreSettings) -> Counted:
+    outbox = sql.Identifier(store.names.table("outbox"))
+    with psycopg.connect(store.require_dsn()) as conn:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FILTER (WHERE attempts > 0), coalesce(max(attempts), 0) "
+                "FROM (SELECT attempts FROM chaos_deletes UNION ALL SELECT attempts FROM {}) a"
+            ).format(outbox)
+        ).fetchone()
+        parks = conn.execute(
+            "SELECT count(DISTINCT key), count(DISTINCT key) FILTER (WHERE waits_for_operator) "
+            "FROM chaos_parks"
+        ).fetchone()
+        errors = conn.execute(
+            "SELECT left(error, 300) FROM chaos_parks GROUP BY 1 ORDER BY count(*) DESC LIMIT 3"
+        ).fetchall()
+    assert row is not None and parks is not None
+    return Counted(
+        int(row[0]), int(row[1]), int(parks[0]), int(parks[1]), tuple(e[0] for e in errors)
+    )
 
 
 def backlog(store: StoreSettings) -> tuple[int, int]:
@@ -320,7 +370,8 @@ lease_duration = "{settings.lease}s"
 poll_interval = "{settings.poll}s"
 batch_size = {settings.batch_size}
 retry_backoff = "{settings.retry_backoff}s"
-retry_backoff_max = "{settings.retry_backoff * 4}s"
+retry_backoff_max = "{settings.retry_backoff_max or settings.retry_backoff * 4}s"
+max_attempts = {settings.max_attempts}
 default_transport = "broker"
 
 [stores.orders.transports.broker]

@@ -336,6 +336,49 @@ async def test_stalled_transport_commits_the_confirmed_prefix(
     assert pending(store) == 6
 
 
+async def test_a_batch_the_broker_acknowledges_nothing_of_is_the_brokers_fault(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    """A silent stall: every row sent, no acknowledgement by the deadline. The lane waits as
+    for an unreachable broker (UNAVAILABLE, retry_backoff), nothing is parked, no attempt."""
+    write(relay_store, keys_in_lane(relay_store, 1, 3), per_key=2)
+    memory.stall()
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    result = await send(relay, 1)
+    assert (result.scan, result.next_in, result.failed) == (Scan.UNAVAILABLE, relay.backoff, 0)
+    assert "acknowledged nothing" in result.detail
+    assert parked(relay_store) == {}
+    with psycopg.connect(relay_store.require_dsn()) as conn:
+        row = conn.execute(f"SELECT max(attempts) FROM {relay_store.table_prefix}outbox").fetchone()
+    assert row == (0,)
+    assert pending(relay_store) == 6
+
+
+async def test_a_stopped_relay_admits_no_new_row_and_starts_no_batch(
+    relay_store: StoreSettings,
+) -> None:
+    """stop() during a batch: what was sent is still waited for (the confirmed prefix
+    commits), nothing more is admitted; a batch asked for afterwards sends nothing."""
+    keys = keys_in_lane(relay_store, 1, 2)
+    write(relay_store, keys, per_key=3)
+    memory = MemoryTransport("memory", pipelines_within_key=False)  # stop-and-wait per key
+    await memory.start()
+    memory.stall()
+    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    batch = asyncio.ensure_future(send(relay, 1))
+    while len(memory.received("events")) < 2:  # each key's head is in flight
+        await asyncio.sleep(0.01)
+    relay.stop()
+    memory.release()  # the heads are acknowledged; their keys' next rows are not admitted
+    result = await batch
+    assert result.sent == 2
+    assert len(memory.received("events")) == 2
+    assert pending(relay_store) == 4
+    assert (await send(relay, 1)).scan is Scan.STOPPED
+    assert pending(relay_store) == 4
+    await memory.close()
+
+
 async def test_a_lane_locked_by_another_batch_is_skipped_without_waiting(
     relay_store: StoreSettings, memory: MemoryTransport
 ) -> None:
