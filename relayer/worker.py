@@ -335,7 +335,7 @@ class StoreRuntime:
         and its lease written, without a due head.
         """
         room = WIDE_BATCH_LANES - len(lanes)
-        if room <= 0 or self.membership.expired():
+        if room <= 0 or self.membership.expired() or self.relay.stopped:
             return []
         now = self.now()
         jobs = self.queue.claim(now, min(room, self.queue.due_count(now)))
