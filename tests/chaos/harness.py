@@ -468,6 +468,11 @@ class Run:
         self.report.pending, self.report.parked = pending, parked
         self.report.seconds = time.monotonic() - self.started
         self.workers.wait_serving()
+        # A replacement still starting (importing, on a busy machine) when the SIGTERM below
+        # comes would die of it before its handler is installed: let every process join first.
+        deadline = time.monotonic() + 30
+        while live_members(self.store) < self.report.workers and time.monotonic() < deadline:
+            time.sleep(0.1)
         codes = self.workers.stop()
         logs = self.workers.all_logs()
         self.report.stale_rollbacks = logs.count("fenced delete matched")
