@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RENDER_THREAD = "relayer-metrics"  # the name of the thread that renders scrapes
-# A rebalance noticed by a scrape refreshes the backlog early, at most this often.
+# Lanes that changed hands refresh the backlog early (the totals counted the old share): the
+# exporter looks this often, and refreshes at most once per EARLIEST_REFRESH.
+LANE_CHECK = 0.25
 EARLIEST_REFRESH = 1.0
 _INSTALL_HINT = install_command("metrics")
 
@@ -95,13 +97,11 @@ class WorkerMetrics:
         self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
         self._server: asyncio.Server | None = None
         self._renderer: ThreadPoolExecutor | None = None
-        self._wake = asyncio.Event()
+        self._failed: set[str] = set()  # stores whose last refresh failed: no early retry
 
     def take_snapshot(self) -> WorkerSnapshot:
         """Copy the worker's state for the next render (call it on the worker's event loop)."""
         self.snapshot = take_snapshot(self.worker, self.backlog, self.refresh_errors)
-        if self.snapshot.stale:
-            self._wake.set()  # lanes changed hands since the backlog was read: read it again
         return self.snapshot
 
     def render(self) -> bytes:
@@ -141,15 +141,36 @@ class WorkerMetrics:
     async def run(self, stop: asyncio.Event) -> None:
         """Refresh the backlog every ``interval`` until ``stop``; then close the server."""
         try:
+            loop = asyncio.get_running_loop()
             while not stop.is_set():
-                self._wake.clear()
+                refreshed = loop.time()
                 await self.refresh()
                 self.take_snapshot()
-                gap = min(self.interval, EARLIEST_REFRESH)
-                await _wait(stop, None, gap)
-                await _wait(stop, self._wake, self.interval - gap)
+                await self._until_next_refresh(stop, refreshed)
         finally:
             await self.close()
+
+    async def _until_next_refresh(self, stop: asyncio.Event, refreshed: float) -> None:
+        """Until ``interval`` after the last refresh, or earlier (EARLIEST_REFRESH at the
+        soonest) once a store's lanes changed hands since its backlog was read: until then its
+        totals still count its old share, so summed over workers a lane may count twice."""
+        loop = asyncio.get_running_loop()
+        deadline = refreshed + self.interval
+        earliest = refreshed + min(self.interval, EARLIEST_REFRESH)
+        while not stop.is_set():
+            now = loop.time()
+            if now >= deadline or (now >= earliest and self._lanes_moved()):
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(LANE_CHECK, deadline - now))
+
+    def _lanes_moved(self) -> bool:
+        return any(
+            name not in self._failed
+            and name in self.backlog
+            and self.backlog[name].lanes is not runtime.membership.lanes
+            for name, runtime in self.worker.runtimes.items()
+        )
 
     async def refresh(self) -> None:
         """Read the backlog of the lanes each store's membership gives this worker now."""
@@ -164,7 +185,9 @@ class WorkerMetrics:
                     conn = await connect(runtime.store, purpose=f"{name}:metrics")
                     self._connections[name] = conn
                 self.backlog[name] = await read_backlog(conn, runtime, lanes, self.top_lanes)
+                self._failed.discard(name)
             except (psycopg.Error, OSError, StoreError) as exc:
+                self._failed.add(name)
                 self.refresh_errors[name] += 1
                 await self._drop(name)
                 self._log.warning(
@@ -194,17 +217,6 @@ class WorkerMetrics:
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await http_answer(reader, writer, self.scrape, self.worker.readiness)
-
-
-async def _wait(stop: asyncio.Event, wake: asyncio.Event | None, seconds: float) -> None:
-    """Until ``stop`` or ``wake`` is set, or ``seconds`` passed."""
-    events = [stop] if wake is None else [stop, wake]
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, timeout=max(seconds, 0), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
 
 
 # A client that has not sent its request, or read the answer, within this many seconds is

@@ -56,9 +56,6 @@ class WorkerSnapshot:
     member: str
     stores: tuple[StoreSnapshot, ...]
     queues: tuple[QueueTelemetry, ...]
-    # Stores whose membership changed since their backlog was read: the totals are stale
-    # until the next refresh (the exporter refreshes early).
-    stale: tuple[str, ...] = ()
 
 
 def take_snapshot(
@@ -66,14 +63,11 @@ def take_snapshot(
 ) -> WorkerSnapshot:
     """Copy what the metrics show of ``worker`` (call it on the worker's event loop)."""
     stores: list[StoreSnapshot] = []
-    stale: list[str] = []
     for name, runtime in worker.runtimes.items():
         lanes = runtime.membership.lanes
         read = backlog.get(name) or Backlog(lanes)
-        if read.lanes is not lanes:
-            stale.append(name)
         stores.append(_store(name, runtime, read, lanes, refresh_errors.get(name, 0)))
-    return WorkerSnapshot(worker.member, tuple(stores), worker.group.telemetry(), tuple(stale))
+    return WorkerSnapshot(worker.member, tuple(stores), worker.group.telemetry())
 
 
 def _store(

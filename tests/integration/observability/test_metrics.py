@@ -179,12 +179,12 @@ async def test_two_workers_in_one_process_export_disjoint_lanes(
     tasks += [asyncio.create_task(exporter.run(stop)) for exporter in exporters]
 
     def split_evenly(result: Scrape) -> bool:
-        # The per-lane series follow the share at once; the store's totals at the next backlog
-        # refresh (every interval): wait for both.
+        # The detail follows the share at once, the totals at the refresh that a change of
+        # share brings forward.
         pending = per_lane(result, "relayer_lane_pending_rows")
         members = result.value("relayer_live_members", store="orders")
-        totals_lanes = result.value("relayer_pending_lanes", store="orders")
-        return len(pending) == LANES // 2 and members == 2 and totals_lanes == LANES // 2
+        lanes = result.value("relayer_pending_lanes", store="orders")
+        return len(pending) == lanes == LANES // 2 and members == 2
 
     try:
         views = [await asyncio.to_thread(scrape_until, port, split_evenly) for port in ports]
