@@ -6,7 +6,8 @@ pool of slots. Scans that become due in the same event-loop turn send their lane
 one batch transaction of up to BATCH_LANES lanes on a pooled database connection, which takes
 more due lanes of the store's queue (up to WIDE_BATCH_LANES) when they wait. Per store the
 worker keeps a heartbeat connection (membership), a probe connection and a LISTEN connection
-that turns writers' notifications into immediate scans; the poll interval is the fallback.
+that turns writers' notifications into immediate scans; the poll interval is the fallback (and
+the only wake-up behind a transaction pooler without ``listen_dsn``: relayer.pooling).
 
     worker = Worker([store_settings], transports={"orders": {"kafka": transport}})
     await worker.run(stop_event)   # until stop_event is set; then finishes batches and leaves

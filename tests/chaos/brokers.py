@@ -53,7 +53,11 @@ class KafkaTarget:
         )
 
     def read_all(self) -> list[Received]:
-        return self.earlier + consume_kafka(self.bootstrap, self.destination, self._stored())
+        stored = self._stored()
+        # Generous idling: on a loaded machine a short read would count as lost rows.
+        received = consume_kafka(self.bootstrap, self.destination, stored, idle_seconds=15)
+        assert len(received) >= stored, f"read {len(received)} of the {stored} stored messages"
+        return self.earlier + received
 
     def _stored(self) -> int:
         from confluent_kafka import Consumer, TopicPartition

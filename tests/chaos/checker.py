@@ -79,7 +79,10 @@ class Report:
         """Every invariant this run broke, in words (empty: all held)."""
         found = []
         if self.lost:
-            found.append(f"I1: {self.lost} committed rows never reached the broker")
+            found.append(
+                f"I1: {self.lost} committed rows never reached the broker "
+                f"(e.g. {self.lost_examples})"
+            )
         if self.inversions - self.documented:
             found.append(
                 f"I2: {self.inversions - self.documented} first deliveries out of id order "

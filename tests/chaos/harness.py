@@ -166,6 +166,20 @@ def read_counted(store: StoreSettings) -> Counted:
     )
 
 
+def deletes_of(store: StoreSettings, ids: list[str]) -> list[str]:
+    """How the audit saw rows deleted (for lost rows: who deleted them, when, holding what)."""
+    with psycopg.connect(store.require_dsn()) as conn:
+        rows = conn.execute(
+            "SELECT id, lane, lease_owner, lease_mine, lease_live, at FROM chaos_deletes "
+            "WHERE id = ANY(%s::uuid[]) ORDER BY at",
+            (ids,),
+        ).fetchall()
+    return [
+        f"{row[0]} lane {row[1]} deleted by {row[2]} (mine {row[3]}, live {row[4]}) at {row[5]}"
+        for row in rows
+    ]
+
+
 def backlog(store: StoreSettings) -> tuple[int, int]:
     """(rows pending, parked keys)."""
     outbox, parked = store.names.table("outbox"), store.names.table("parked")
@@ -485,6 +499,8 @@ class Run:
             timed_out_keys=_timed_out_keys(logs),
         )
         self.report.audit = read_audit(self.store)
+        if self.report.lost:
+            self.report.lost_examples += deletes_of(self.store, self.report.lost_examples)
         self.report.unclean_exits = sum(code != 0 for code in codes)
         return self.report
 
