@@ -162,9 +162,13 @@ def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
 
 
 def consume_kafka(
-    bootstrap: str, topic: str, count: int, idle_seconds: float = 5.0
+    bootstrap: str, topic: str, count: int, idle_seconds: float = 5.0, beyond: float = 0.0
 ) -> list[Received]:
-    """Everything in ``topic`` (at least ``count`` messages, or what came before going idle)."""
+    """Everything in ``topic`` (at least ``count`` messages, or what came before going idle).
+
+    ``beyond``: once ``count`` messages were read, go on until nothing came for that long. The
+    tansu broker's watermark offsets (the usual source of ``count``) can lag behind what it
+    acknowledged and serves by seconds, so a read that stops at them misses the newest."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -181,7 +185,7 @@ def consume_kafka(
         consumer.assign([TopicPartition(topic, number, OFFSET_BEGINNING) for number in partitions])
         received: list[Received] = []
         idle = 0.0
-        while len(received) < count and idle < idle_seconds:
+        while idle < (idle_seconds if len(received) < count else beyond):
             batch = consumer.consume(1000, timeout=0.5)
             idle = idle + 0.5 if not batch else 0.0
             for record in batch:
