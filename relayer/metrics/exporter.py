@@ -174,7 +174,10 @@ class WorkerMetrics:
 
     async def refresh(self) -> None:
         """Read the backlog of the lanes each store's membership gives this worker now."""
-        for name, runtime in self.worker.runtimes.items():
+        for name in (self._connections.keys() | self.backlog.keys()) - self.worker.runtimes.keys():
+            await self._drop(name)  # a store that left the worker
+            self.backlog.pop(name, None)
+        for name, runtime in list(self.worker.runtimes.items()):  # stores join meanwhile
             lanes = runtime.membership.lanes
             if not lanes:
                 self.backlog[name] = Backlog(lanes)
@@ -188,7 +191,7 @@ class WorkerMetrics:
                 self._failed.discard(name)
             except (psycopg.Error, OSError, StoreError) as exc:
                 self._failed.add(name)
-                self.refresh_errors[name] += 1
+                self.refresh_errors[name] = self.refresh_errors.get(name, 0) + 1
                 await self._drop(name)
                 self._log.warning(
                     (name, shape(redact(str(exc)))),
