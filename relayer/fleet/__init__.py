@@ -1,0 +1,24 @@
+"""relayer.fleet: many stores from one template, found by a discovery source.
+
+- ``templates``: ``[templates.NAME]`` settings, discovery rows and their validation;
+- ``sources``: reading a discovery file or a catalog query;
+- ``discovery``: the refresh loop that adds and removes a worker's stores (``Fleet``).
+
+Only ``templates`` is imported here: the settings need it, and it needs nothing of the worker.
+"""
+
+from relayer.fleet.templates import (
+    DiscoveredRow,
+    DiscoveredStore,
+    DiscoverySettings,
+    TemplateSettings,
+    store_from_row,
+)
+
+__all__ = [
+    "DiscoveredRow",
+    "DiscoveredStore",
+    "DiscoverySettings",
+    "TemplateSettings",
+    "store_from_row",
+]
