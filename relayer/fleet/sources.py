@@ -153,6 +153,7 @@ def find_store(template: TemplateSettings, name: str) -> StoreSettings:
     raise ConfigurationError(
         "store",
         name,
-        f"is not listed by template {template.name}'s source ({template.discovery.describe()}"
-        f"; it lists: {shown}); add its row there, or name a configured store",
+        f"is not listed by the source of template {template.name} "
+        f"({template.discovery.describe()}; it lists: {shown}); add its row there, or name a "
+        "configured store",
     )

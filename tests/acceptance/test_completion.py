@@ -16,6 +16,7 @@ from tests.acceptance.cli import environment, relayer
 CONFIG = (
     '[stores.orders]\ndsn = "postgresql://user@127.0.0.1:1/db"\n'
     '[stores.billing]\ndsn = "postgresql://user@127.0.0.1:1/db"\ntable_prefix = "billing_"\n'
+    '[templates.tenants.discovery]\nfile = "tenants.toml"\n'
 )
 # (the words typed, the last one being completed; what bash offers)
 BASH_CASES = [
@@ -28,6 +29,7 @@ BASH_CASES = [
     (["relayer", "run", "orders", "--metrics-port", ""], ""),  # a port: nothing to offer
     (["relayer", "--config", "{config}", "status", ""], "orders billing"),
     (["relayer", "--config", "{config}", "run", "orders", "b"], "billing"),
+    (["relayer", "--config", "{config}", "run", "--template", ""], "tenants"),
 ]
 
 

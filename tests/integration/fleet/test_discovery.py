@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +216,7 @@ async def test_a_catalog_query_sets_weights_and_limits_and_bad_rows_are_skipped(
 
 
 async def keep_writing(
-    stores: dict[str, StoreSettings], stop: asyncio.Event, written: dict[str, list[Any]]
+    stores: Mapping[str, StoreSettings], stop: asyncio.Event, written: dict[str, list[Any]]
 ) -> None:
     """Rows for 8 keys per store, each body 'store|key#n', until ``stop``."""
     numbers: dict[tuple[str, str], int] = {}
