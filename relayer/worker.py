@@ -420,7 +420,7 @@ class StoreRuntime:
             if self.gate is not None:
                 await self.gate.open()
                 self._gate_open = True
-            await self.shared.acquire(self.transports.values(), close_within=self._stop_budget())
+            await self.shared.acquire(self.transports.values(), close_within=self.stop_budget())
             self._transports_held = True
             session = Session(self.store, purpose="control")
             try:
@@ -449,7 +449,7 @@ class StoreRuntime:
 
     async def _close(self, stop_by: float | None) -> None:
         if stop_by is None:
-            stop_by = time.monotonic() + self._stop_budget()
+            stop_by = time.monotonic() + self.stop_budget()
         self.opened = False
         self.halt.set()
         # After a graceful stop no batch is left (the worker group waited for its scans); after
@@ -475,7 +475,7 @@ class StoreRuntime:
         for log in self._logs():
             log.flush()
 
-    def _stop_budget(self) -> float:
+    def stop_budget(self) -> float:
         """Seconds a stop may take: every batch in flight ends within half a lease."""
         return self.store.lease_duration.total_seconds() / 2
 
@@ -601,7 +601,7 @@ class Worker:
         for runtime in self.runtimes.values():
             runtime.relay.stop()
             runtime.halt.set()
-        longest = max((runtime._stop_budget() for runtime in self.runtimes.values()), default=0.0)
+        longest = max((runtime.stop_budget() for runtime in self.runtimes.values()), default=0.0)
         return time.monotonic() + longest
 
     async def _finish_jobs(self, group: asyncio.Task[None], stop_by: float) -> None:
@@ -758,7 +758,7 @@ class Worker:
         try:
             await self._regroup()
             runtime.relay.stop()
-            stop_by = time.monotonic() + runtime._stop_budget()
+            stop_by = time.monotonic() + runtime.stop_budget()
             await self._drained(runtime, stop_by)
             runtime.halt.set()
             tasks = self._store_tasks.get(name, [])

@@ -111,7 +111,10 @@ class Fleet:
             await self.worker.run(stop)
         finally:
             stop.set()
-            await asyncio.gather(*loops)
+            ended = await asyncio.gather(*loops, return_exceptions=True)
+        for outcome in ended:  # a refresh loop's own failure, once the worker stopped cleanly
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _loop(self, name: str, stop: asyncio.Event) -> None:
         if not await _first(self.worker.started, stop):
@@ -130,7 +133,15 @@ class Fleet:
                 with contextlib.suppress(asyncio.CancelledError):
                     await refresh
                 return
-            refresh.result()
+            try:
+                refresh.result()
+            except Exception:  # a bug: keep refreshing, say so
+                logger.exception(
+                    "template %s: a refresh failed unexpectedly (a bug: please report it); the "
+                    "stores found last are still served, the next refresh runs as planned",
+                    name,
+                    extra={"action": "discovery_failed", "template": name},
+                )
             wait = interval * self._rng.uniform(1 - JITTER, 1 + JITTER)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), wait)
