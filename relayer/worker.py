@@ -162,6 +162,10 @@ class StoreRuntime:
         self._window_ends = float("-inf")
         # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
         self._due_heads: dict[int, float] = {}
+        # Lanes whose last scan met a broker or database that could not be used: no wake-up
+        # (a writer's NOTIFY, a probe) scans them before their retry_backoff is over, so an
+        # outage costs one attempt per lane per backoff however fast rows are written.
+        self._held: dict[int, float] = {}
         # Scans due in the same event-loop turn send their lanes in shared transactions.
         self._batches: Coalescer[ScanResult] = Coalescer(self._send_group, chunk=BATCH_LANES)
 
@@ -170,6 +174,7 @@ class StoreRuntime:
             if lane not in lanes:
                 self.queue.discard(lane)
                 self._due_heads.pop(lane, None)
+                self._held.pop(lane, None)
         self.wake_all()  # probe the new share: lanes with due heads get scanned
         if not self.pool.closed:
             self._resize = asyncio.ensure_future(self._resize_pool())
@@ -195,7 +200,7 @@ class StoreRuntime:
             # Skip the probe: a row was just committed in this lane.
             now = self.now()
             self._due_heads[lane] = now
-            self.queue.schedule(lane, self._wake_window(now))
+            self._schedule(lane, self._wake_window(now))
 
     def _wake_window(self, now: float) -> float:
         """When a lane woken now is scanned: at the end of the current wake_linger window, so
@@ -232,9 +237,19 @@ class StoreRuntime:
                 decided = self.relay.after_probe(head)
                 if decided is None:
                     self._due_heads[head.lane] = now
-                    self.queue.schedule(head.lane, now)
+                    self._schedule(head.lane, now)
                 elif decided.scan in (Scan.FUTURE, Scan.BUSY):
-                    self.queue.schedule(head.lane, now + decided.next_in)
+                    self._schedule(head.lane, now + decided.next_in)
+
+    def _schedule(self, lane: int, due: float) -> None:
+        """Scan ``lane`` at ``due``, or once its hold after an outage is over if later."""
+        held = self._held.get(lane)
+        if held is not None:
+            if held > due:
+                due = held
+            else:
+                del self._held[lane]
+        self.queue.schedule(lane, due)
 
     async def poll(self, stop: asyncio.Event) -> None:
         """The fallback for lost notifications: probe every owned lane each poll_interval."""
@@ -292,8 +307,12 @@ class StoreRuntime:
             )
         # An empty lane or one a batch drained waits for a notification or the next poll.
         quiet = result.scan is Scan.EMPTY or (result.scan is Scan.SENT and result.next_in > 0)
+        now = self.now()
+        if result.scan in (Scan.UNAVAILABLE, Scan.FAILED):
+            self._held[lane] = now + result.next_in
+        else:
+            self._held.pop(lane, None)
         if lane in self.membership.lanes and not quiet:
-            now = self.now()
             if result.scan is Scan.SENT:
                 # Rows are left (the batch read a full batch or was cut short): the next scan
                 # needs no probe to know that.

@@ -22,7 +22,7 @@ CONFIG = (
 BASH_CASES = [
     (["relayer", ""], "schema run status parked queue dashboard demo completion"),
     (["relayer", "parked", ""], "list redrive drop"),
-    (["relayer", "status", "--"], "--help --json --check --max-lag"),
+    (["relayer", "status", "--"], "--help --all --json --check --max-lag"),
     (["relayer", "--log-level", ""], "DEBUG INFO WARNING ERROR"),
     (["relayer", "schema", "grants", "orders", "--for", "w"], "writer worker"),
     (["relayer", "completion", ""], "bash zsh fish"),
