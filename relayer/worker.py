@@ -542,7 +542,8 @@ class Worker:
         self.clock = MonotonicClock()
         built = transports if transports is not None else _build_transports(stores)
         self._tracer = relay_tracer(tracer_provider)
-        self._shared = SharedTransports()
+        # Which stores use which transports (shared ones start once, close with their last).
+        self.shared_transports = SharedTransports()
         # With the default cluster state, each store's queues are routed to its own gate.
         self._routes: RoutedClusterState | None = None
         if cluster_state is None:
@@ -580,7 +581,7 @@ class Worker:
             self.clock.now,
             tracer=self._tracer,
             gate=PostgresClusterState(store) if self._routes is not None else None,
-            shared=self._shared,
+            shared=self.shared_transports,
         )
 
     def _register(self, runtime: StoreRuntime) -> None:

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 # Each refresh waits discover_interval times a factor from 1 - JITTER to 1 + JITTER.
 JITTER = 0.1
+# Stores of one template joining at once: one slow database does not hold up the others.
+JOINING_AT_ONCE = 8
 
 Reader = Callable[[TemplateSettings], Awaitable[list[Row]]]
 TransportFactory = Callable[[TemplateSettings], Mapping[str, Transport]]
@@ -67,7 +69,8 @@ class Fleet:
     ``await fleet.run(stop)`` runs the worker and the refreshes until ``stop`` is set;
     ``refresh(name)`` reads one template's source and applies it now. The stores of a
     template share one set of transports, built by ``transports`` (default: from the
-    template's settings) when the first of them joins, and again after the last one left.
+    template's settings) when the first of them joins and held open by the fleet while any of
+    them is served; built anew after the last one left.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class Fleet:
             name: asyncio.Lock() for name in self.templates
         }
         self._log = ThrottledLog(logger)
+        self._stopping = False
         worker.readiness_checks.append(self._readiness)
 
     def _readiness(self) -> str | None:
@@ -107,14 +111,25 @@ class Fleet:
         of the worker propagate as its ``run`` raises them."""
         stop = stop or asyncio.Event()
         loops = [asyncio.create_task(self._loop(name, stop)) for name in self.templates]
+        letting_go = asyncio.create_task(self._let_go_when(stop))
         try:
             await self.worker.run(stop)
         finally:
             stop.set()
-            ended = await asyncio.gather(*loops, return_exceptions=True)
+            ended = await asyncio.gather(*loops, letting_go, return_exceptions=True)
+            for name in list(self._transports):  # joins that ended after the stop
+                await self._drop_transports(self.templates[name])
         for outcome in ended:  # a refresh loop's own failure, once the worker stopped cleanly
             if isinstance(outcome, BaseException):
                 raise outcome
+
+    async def _let_go_when(self, stop: asyncio.Event) -> None:
+        """Once stopping, hand the templates' transports to their stores: the last store to
+        close closes them, within the worker's stop budget."""
+        await stop.wait()
+        self._stopping = True
+        for name in list(self._transports):
+            await self._drop_transports(self.templates[name])
 
     async def _loop(self, name: str, stop: asyncio.Event) -> None:
         if not await _first(self.worker.started, stop):
@@ -236,9 +251,7 @@ class Fleet:
         served = self.served[template.name]
         changed = [n for n in served if n in found and found[n].settings != served[n].settings]
         gone = [n for n in served if n not in found]
-        # New stores first: while they join, the stores leaving keep shared transports open.
-        for name in [n for n in found if n not in served]:
-            await self._join(template, found[name], report)
+        await self._join_all(template, [found[n] for n in found if n not in served], report)
         left = await asyncio.gather(
             *(self._leave(template, name, report) for name in gone + changed),
             return_exceptions=True,
@@ -246,8 +259,7 @@ class Fleet:
         for outcome in left:
             if isinstance(outcome, BaseException):
                 raise outcome  # UsageError: the worker is stopping
-        for name in changed:  # with their new settings
-            await self._join(template, found[name], report)
+        await self._join_all(template, [found[name] for name in changed], report)  # anew
         for name, store in found.items():
             old = served.get(name)
             if old is None or name in changed:
@@ -256,19 +268,74 @@ class Fleet:
                 await self.worker.set_weight(name, store.weight)
             served[name] = store
             await self._limit(template, store)
+        if not served:  # no store left to share them: closed now, new ones for the next
+            await self._drop_transports(template)
+
+    async def _join_all(
+        self, template: TemplateSettings, stores: list[DiscoveredStore], report: Refresh
+    ) -> None:
+        """Let ``stores`` join, JOINING_AT_ONCE at a time, through the template's transports
+        (held open by the fleet meanwhile, so that a store failing to join never closes them
+        under the others)."""
+        if not stores:
+            return
+        transports = await self._hold_transports(template)
+        if transports is None:
+            report.skipped += [store.name for store in stores]
+            return
+        gate = asyncio.Semaphore(JOINING_AT_ONCE)
+
+        async def join(store: DiscoveredStore) -> None:
+            async with gate:
+                if self._stopping:
+                    raise UsageError("the worker is stopping")
+                await self._join(template, store, transports, report)
+
+        joined = await asyncio.gather(*(join(store) for store in stores), return_exceptions=True)
+        for outcome in joined:
+            if isinstance(outcome, BaseException):
+                raise outcome  # UsageError: the worker is stopping
+
+    async def _hold_transports(self, template: TemplateSettings) -> Mapping[str, Transport] | None:
+        held = self._transports.get(template.name)
+        if held is not None:
+            return held
+        built = self._build_transports(template)
+        try:
+            await self.worker.shared_transports.acquire(
+                built.values(), close_within=template.lease_duration.total_seconds() / 2
+            )
+        except Exception as exc:
+            self._log.warning(
+                ("transports_failed", template.name, shape(redact(str(exc)))),
+                "template %s: its transports could not start: %s; its new stores join at the "
+                "next refresh (every %g s)",
+                template.name,
+                redact(str(exc)),
+                template.discover_interval.total_seconds(),
+                extra={"action": "store_join_failed", "template": template.name},
+            )
+            return None
+        self._transports[template.name] = built
+        return built
+
+    async def _drop_transports(self, template: TemplateSettings) -> None:
+        held = self._transports.pop(template.name, None)
+        if held is not None:
+            await self.worker.shared_transports.release(
+                held.values(), close_within=template.lease_duration.total_seconds() / 2
+            )
 
     async def _join(
-        self, template: TemplateSettings, store: DiscoveredStore, report: Refresh
+        self,
+        template: TemplateSettings,
+        store: DiscoveredStore,
+        transports: Mapping[str, Transport],
+        report: Refresh,
     ) -> None:
         served = self.served[template.name]
-        if not served or template.name not in self._transports:
-            # No store of the template holds its transports open: new instances (closed ones
-            # are not started again).
-            self._transports[template.name] = self._build_transports(template)
         try:
-            await self.worker.add_store(
-                store.settings, self._transports[template.name], weight=store.weight
-            )
+            await self.worker.add_store(store.settings, transports, weight=store.weight)
         except UsageError:
             raise
         except RelayerError as exc:  # schema not applied, database down, transport refused

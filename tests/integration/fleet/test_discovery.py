@@ -137,9 +137,20 @@ async def test_stores_listed_in_a_file_join_and_leave_a_running_worker(
         tmp_path / "stores.json",
         {"name": "acme", "schema": "acme"},
         {"name": "globex", "schema": "globex", "weight": 3},
+        {"name": "initech", "schema": "initech"},  # its schema is not applied yet
     )
     report = await fleet.refresh("tenants")
     assert report.joined == ["tenants.globex"] and report.left == []
+    assert report.skipped == ["tenants.initech"]  # tried again at the next refresh
+    await prepared(template, "initech")
+    report = await fleet.refresh("tenants")
+    assert report.joined == ["tenants.initech"]
+    write_rows(
+        tmp_path / "stores.json",
+        {"name": "acme", "schema": "acme"},
+        {"name": "globex", "schema": "globex", "weight": 3},
+    )
+    assert (await fleet.refresh("tenants")).left == ["tenants.initech"]
     assert worker.weight("tenants.globex") == 3 and worker.weight("tenants.acme") == 1
     globex = worker.runtimes["tenants.globex"].store
     write(globex, ["k3"], per_key=3)
