@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -261,3 +263,15 @@ def test_the_environment_sets_templates_and_masks_their_values(
     with pytest.raises(ConfigurationError) as caught:
         load_settings(dsn=DSN)
     assert "pw" not in str(caught.value)
+
+
+@pytest.mark.parametrize("module", ["relayer.fleet.templates", "relayer.settings"])
+def test_the_settings_and_templates_import_in_either_order(module: str) -> None:
+    """The two modules import each other: a fresh interpreter may ask for either first."""
+    result = subprocess.run(
+        [sys.executable, "-c", f"import {module}; import relayer.fleet.discovery"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
