@@ -67,6 +67,7 @@ async def start(
     stop = asyncio.Event()
     task = asyncio.create_task(fleet.run(stop))
     await asyncio.wait_for(worker.started.wait(), 10)
+    await until(lambda: worker.readiness()[0])  # the source was read once
     return worker, fleet, stop, task
 
 
@@ -198,6 +199,8 @@ async def test_a_catalog_query_sets_weights_and_limits_and_bad_rows_are_skipped(
     worker, fleet, stop, task = await start(template, broker, "worker-a")
     try:
         await until(lambda: len(worker.runtimes) == 2)  # the first refresh, at start
+        again = await fleet.refresh("tenants")  # runs once the first one has ended
+        assert again.read and again.joined == [] and again.found == 2
         assert worker.weight("tenants.acme") == 2 and worker.weight("tenants.globex") == 1
         lines = [r.getMessage() for r in caplog.records if "tenants.bad" in r.getMessage()]
         assert len(lines) == 1
