@@ -10,7 +10,7 @@ from typing import Any
 from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context, positive_seconds
 from relayer.connection import connect
-from relayer.errors import UsageError
+from relayer.errors import ConfigurationError, UsageError
 from relayer.health import StoreHealth
 from relayer.settings import StoreSettings
 from relayer.status import StoreStatus, StoreSummary, read_status, read_summaries
@@ -25,8 +25,8 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="one line per configured store (pending, oldest age, parked keys, members), "
-        "worst first",
+        help="one line per store, configured or listed by a template's source (pending, "
+        "oldest age, parked keys, members), worst first",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
@@ -69,19 +69,42 @@ async def _status(context: Context) -> int:
     return EXIT_RUNTIME if checking and problems else EXIT_OK
 
 
-def fleet_stores(context: Context) -> list[StoreSettings]:
-    """The stores ``status --all`` reads: every configured store."""
+async def fleet_stores(context: Context) -> tuple[list[StoreSettings], list[StoreSummary]]:
+    """The stores ``status --all`` reads: every configured store and every store a template's
+    source lists now; and a line for each source that cannot be read or row that breaks a
+    rule (the command still reports the others)."""
+    from relayer.fleet.sources import DiscoveryError, read_source
+    from relayer.fleet.templates import store_from_row
+
     settings = context.settings
-    if not settings.stores:
+    if not settings.stores and not settings.templates:
         raise UsageError(
-            "no store is configured: give a TOML file with --config FILE or RELAYER_CONFIG"
+            "no store or template is configured: give a TOML file with --config FILE or "
+            "RELAYER_CONFIG"
         )
-    return [settings.store(name) for name in settings.stores]
+    stores = [settings.store(name) for name in settings.stores]
+    problems: list[StoreSummary] = []
+    for name in settings.templates:
+        template = settings.template(name)
+        try:
+            rows = await read_source(template)
+        except DiscoveryError as exc:
+            problems.append(StoreSummary(f"{name}.*", error=f"its source cannot be read: {exc}"))
+            continue
+        for row in rows:
+            try:
+                if isinstance(row, ConfigurationError):
+                    raise row
+                stores.append(store_from_row(template, row).settings)
+            except ConfigurationError as exc:
+                problems.append(StoreSummary(f"{name}.?", error=f"a row is skipped: {exc}"))
+    return stores, problems
 
 
 async def _status_all(context: Context, checking: bool) -> int:
     max_lag = context.arguments.max_lag
-    summaries = await read_summaries(fleet_stores(context))
+    stores, unread = await fleet_stores(context)
+    summaries = sorted([*unread, *await read_summaries(stores)], key=lambda found: found.rank)
     problems = [problem for summary in summaries for problem in check_summary(summary, max_lag)]
     if context.arguments.json:
         document = documents.fleet(summaries)

@@ -4,6 +4,9 @@ stores reads it (and as a health check: ``--check``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import psycopg
 
 from relayer.settings import StoreSettings
 from tests.acceptance.cli import environment, relayer
@@ -71,3 +74,27 @@ def test_status_needs_a_store_or_all(store: StoreSettings) -> None:
     assert "--all" in neither.stderr and "Traceback" not in neither.stderr
     both = relayer("status", "orders", "--all", store=store)
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+async def test_status_all_includes_the_stores_a_template_lists(pg_dsn: str, tmp_path: Path) -> None:
+    for schema_name in ("acme", "globex"):
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema_name}")
+        await apply_schema(make_store(pg_dsn, db_schema=schema_name, table_prefix="outbox_"))
+    write(make_store(pg_dsn, db_schema="globex", table_prefix="outbox_"), ["a"], per_key=3)
+    listing = tmp_path / "tenants.toml"
+    listing.write_text(
+        '[[stores]]\nname = "acme"\nschema = "acme"\n\n'
+        '[[stores]]\nname = "globex"\nschema = "globex"\n\n'
+        '[[stores]]\nname = "bad"\nschema = "x"\nweight = 0\n'
+    )
+    config = tmp_path / "relayer.toml"
+    config.write_text(
+        f'[templates.tenants]\ndsn = "{pg_dsn}"\nlanes = 16\ntable_prefix = "outbox_"\n\n'
+        f'[templates.tenants.discovery]\nfile = "{listing}"\n'
+    )
+    result = relayer("--config", str(config), "status", "--all", env=environment())
+    assert result.returncode == 0, result.stderr
+    names = [line.split()[0] for line in result.stdout.splitlines()[1:]]
+    assert names == ["tenants.?", "tenants.globex", "tenants.acme"]
+    assert "weight" in result.stdout.splitlines()[1]
