@@ -8,9 +8,9 @@ variable is walked along the settings' fields here: one that names no setting is
 suggestion, one that sets a whole section must be a JSON object.
 
 ``RELAYER_CONFIG`` names the TOML file, ``RELAYER_DASHBOARD_TOKEN`` the dashboard's token,
-``RELAYER_SUPERVISOR_PID`` a worker process's parent and ``RUN_OPTIONS`` the options of
-``relayer run``; ``RELAYER_TEST_*`` and ``RELAYER_BENCH_*`` belong to relayer's own test suite
-and benchmarks and are not settings.
+``RELAYER_SUPERVISOR_PID`` a worker process's parent, ``RUN_OPTIONS`` the options of
+``relayer run`` and ``DASHBOARD_OPTIONS`` those of ``relayer dashboard``; ``RELAYER_TEST_*``
+and ``RELAYER_BENCH_*`` belong to relayer's own test suite and benchmarks and are not settings.
 """
 
 from __future__ import annotations
@@ -41,9 +41,12 @@ RUN_OPTIONS = (
     "RELAYER_METRICS_INTERVAL",
     "RELAYER_METRICS_TOP_LANES",
 )
+# The options of `relayer dashboard` that come from the environment (docs/cli.md#dashboard).
+DASHBOARD_OPTIONS = ("RELAYER_DASHBOARD_TEMPLATE",)
 NOT_SETTINGS = (
     "RELAYER_CONFIG",
     "RELAYER_DASHBOARD_TOKEN",
+    *DASHBOARD_OPTIONS,
     "RELAYER_SUPERVISOR_PID",
     *RUN_OPTIONS,
 )

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -20,6 +20,9 @@ from relayer.redact import redact
 from relayer.schema import require_schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+
+if TYPE_CHECKING:
+    from relayer.fleet.templates import TemplateSettings
 
 # Databases ``status --all`` reads at once.
 SUMMARY_CONNECTIONS = 4
@@ -173,6 +176,59 @@ async def read_summaries(
 
     await asyncio.gather(*(read(group) for group in by_database.values()))
     return sorted(found, key=lambda summary: summary.rank)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateListing:
+    """The stores a template's source lists now, and a ``status --all`` line for the source
+    if it cannot be read (``readable`` False) or for each row that breaks a rule."""
+
+    template: str
+    stores: tuple[StoreSettings, ...]
+    problems: tuple[StoreSummary, ...]
+    readable: bool
+
+
+async def list_template(template: TemplateSettings) -> TemplateListing:
+    """Read ``template``'s discovery source once and validate each row like a configured
+    store; a source that cannot be read or a row that breaks a rule gets a line of its own
+    (``TEMPLATE.*``, ``TEMPLATE.?``), without a secret."""
+    from relayer.errors import ConfigurationError
+    from relayer.fleet.sources import DiscoveryError, read_source
+    from relayer.fleet.templates import store_from_row
+
+    name = template.name
+    try:
+        rows = await read_source(template)
+    except DiscoveryError as exc:
+        problem = StoreSummary(f"{name}.*", error=f"its source cannot be read: {_first_line(exc)}")
+        return TemplateListing(name, (), (problem,), readable=False)
+    stores: list[StoreSettings] = []
+    problems: list[StoreSummary] = []
+    for row in rows:
+        try:
+            if isinstance(row, ConfigurationError):
+                raise row
+            stores.append(store_from_row(template, row).settings)
+        except ConfigurationError as exc:
+            skipped = f"a row is skipped: {_first_line(exc)}"
+            problems.append(StoreSummary(f"{name}.?", error=skipped))
+    return TemplateListing(name, tuple(stores), tuple(problems), readable=True)
+
+
+async def fleet_stores(
+    stores: Sequence[StoreSettings], templates: Sequence[TemplateSettings]
+) -> tuple[list[StoreSettings], list[StoreSummary]]:
+    """The stores of ``relayer status --all`` and of the dashboard's Fleet page: ``stores``
+    and every store a template's source lists now (the sources read at once); and a line for
+    each source that cannot be read or row that breaks a rule (the others are still read)."""
+    listings = await asyncio.gather(*(list_template(template) for template in templates))
+    found = list(stores)
+    problems: list[StoreSummary] = []
+    for listing in listings:
+        found.extend(listing.stores)
+        problems.extend(listing.problems)
+    return found, problems
 
 
 def _first_line(exc: BaseException) -> str:

@@ -51,6 +51,15 @@ def tcp_port(text: str) -> int:
     return port
 
 
+def template_names(text: str) -> tuple[str, ...]:
+    """An argparse type: template names, separated by commas ('tenants' or 'tenants,partners';
+    whether each is configured is checked with the settings)."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no template (NAME or NAME,NAME)")
+    return names
+
+
 _DURATION: TypeAdapter[timedelta] = TypeAdapter(Duration)
 
 

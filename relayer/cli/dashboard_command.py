@@ -1,4 +1,6 @@
-"""``relayer dashboard STORE [STORE ...]``: the operations web page until SIGTERM/SIGINT."""
+"""``relayer dashboard [STORE ...] [--template NAME[,NAME...]]``: the operations web page until
+SIGTERM/SIGINT. With ``--template`` its Fleet page lists every store the templates' sources
+list too, and a template store's pages open on demand (relayer.dashboard.app)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from relayer.cli.common import EXIT_OK, Context, tcp_port
+from relayer.cli.common import EXIT_OK, Context, environment_option, tcp_port, template_names
 from relayer.errors import ConfigurationError, RelayerError, UsageError, install_command
 
 logger = logging.getLogger(__name__)
 TOKEN_VARIABLE = "RELAYER_DASHBOARD_TOKEN"
+TEMPLATE_VARIABLE = "RELAYER_DASHBOARD_TEMPLATE"
 
 
 def register(commands: Any) -> None:
@@ -21,7 +24,19 @@ def register(commands: Any) -> None:
         "dashboard",
         help="serve the operations web page (read-only unless given a token)",
     )
-    parser.add_argument("stores", nargs="+", metavar="STORE", help="stores to show")
+    parser.add_argument(
+        "stores", nargs="*", metavar="STORE", help="stores to show (optional with --template)"
+    )
+    environment_option(
+        parser,
+        "--template",
+        variable=TEMPLATE_VARIABLE,
+        parse=template_names,
+        default=(),
+        metavar="NAME[,NAME...]",
+        help="also list every store these templates' discovery sources list on the Fleet "
+        "page; their pages open on demand (docs/dashboard.md#fleet)",
+    )
     parser.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine)"
     )
@@ -92,9 +107,15 @@ async def _dashboard(context: Context) -> int:
         ) from None
     if not 1 <= arguments.interval <= 60:
         raise ConfigurationError("--interval", arguments.interval, "must be from 1 to 60 seconds")
+    if not arguments.stores and not arguments.template:
+        raise UsageError(
+            f"dashboard: which stores? give STORE names, or --template NAME ({TEMPLATE_VARIABLE}) "
+            "to list the stores a template's discovery source lists"
+        )
     stores = [context.store(name) for name in dict.fromkeys(arguments.stores)]
     for store in stores:
         store.require_dsn()
+    templates = [context.settings.template(name) for name in dict.fromkeys(arguments.template)]
     tokens = tokens_from(arguments)
     sock = _listen(arguments.host, arguments.port)
     port = sock.getsockname()[1]
@@ -102,12 +123,15 @@ async def _dashboard(context: Context) -> int:
         name if ":" in name else f"{name}:{port}" for name in arguments.allow_host
     }
     access = Access(tokens, read_only=arguments.read_only, allowed_hosts=hosts)
-    app = create_app(stores, access, interval=arguments.interval)
+    app = create_app(stores, access, templates=templates, interval=arguments.interval)
     mode = "read-only" if access.read_only else f"changes allowed for {len(tokens)} token(s)"
     shown = f"[{arguments.host}]" if ":" in arguments.host else arguments.host
+    served = [store.name for store in stores] + [
+        f"the stores of template {template.name}" for template in templates
+    ]
     logger.info(
         "dashboard for %s on http://%s:%d/ (%s)",
-        ", ".join(store.name for store in stores),
+        ", ".join(served),
         shown,
         port,
         mode,

@@ -22,6 +22,7 @@ from relayer.cli.common import (
     environment_option,
     positive_seconds,
     tcp_port,
+    template_names,
 )
 from relayer.cli.processes import STOP_MARGIN, Supervisor, child_command, stop_with_supervisor
 from relayer.errors import UsageError
@@ -52,7 +53,7 @@ def register(commands: Any) -> None:
         parser,
         "--template",
         variable="RELAYER_TEMPLATE",
-        parse=_template_names,
+        parse=template_names,
         default=(),
         metavar="NAME[,NAME...]",
         help="also serve every store these templates' discovery sources yield, as they come "
@@ -237,13 +238,6 @@ async def _serve_metrics(
     )
     await metrics.serve(arguments.metrics_host, arguments.metrics_port)
     return asyncio.create_task(metrics.run(stop))
-
-
-def _template_names(text: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    if not names:
-        raise argparse.ArgumentTypeError(f"{text!r} names no template (NAME or NAME,NAME)")
-    return names
 
 
 def _processes(text: str) -> int:

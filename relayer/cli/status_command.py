@@ -10,10 +10,16 @@ from typing import Any
 from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context, positive_seconds
 from relayer.connection import connect
-from relayer.errors import ConfigurationError, UsageError
+from relayer.errors import UsageError
 from relayer.health import StoreHealth
 from relayer.settings import StoreSettings
-from relayer.status import StoreStatus, StoreSummary, read_status, read_summaries
+from relayer.status import (
+    StoreStatus,
+    StoreSummary,
+    read_status,
+    read_summaries,
+)
+from relayer.status import fleet_stores as read_fleet_stores
 
 
 def register(commands: Any) -> None:
@@ -73,32 +79,16 @@ async def fleet_stores(context: Context) -> tuple[list[StoreSettings], list[Stor
     """The stores ``status --all`` reads: every configured store and every store a template's
     source lists now; and a line for each source that cannot be read or row that breaks a
     rule (the command still reports the others)."""
-    from relayer.fleet.sources import DiscoveryError, read_source
-    from relayer.fleet.templates import store_from_row
-
     settings = context.settings
     if not settings.stores and not settings.templates:
         raise UsageError(
             "no store or template is configured: give a TOML file with --config FILE or "
             "RELAYER_CONFIG"
         )
-    stores = [settings.store(name) for name in settings.stores]
-    problems: list[StoreSummary] = []
-    for name in settings.templates:
-        template = settings.template(name)
-        try:
-            rows = await read_source(template)
-        except DiscoveryError as exc:
-            problems.append(StoreSummary(f"{name}.*", error=f"its source cannot be read: {exc}"))
-            continue
-        for row in rows:
-            try:
-                if isinstance(row, ConfigurationError):
-                    raise row
-                stores.append(store_from_row(template, row).settings)
-            except ConfigurationError as exc:
-                problems.append(StoreSummary(f"{name}.?", error=f"a row is skipped: {exc}"))
-    return stores, problems
+    return await read_fleet_stores(
+        [settings.store(name) for name in settings.stores],
+        [settings.template(name) for name in settings.templates],
+    )
 
 
 async def _status_all(context: Context, checking: bool) -> int:

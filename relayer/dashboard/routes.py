@@ -41,11 +41,17 @@ def routes(dashboard: Dashboard) -> list[Route]:
     d = dashboard
     access = d.access
 
-    def context_of(request: Request) -> StoreContext:
+    async def context_of(request: Request) -> StoreContext:
         name = request.path_params["store"]
-        context = d.contexts.get(name)
+        context = await d.context(name)
         if context is None:
-            raise BadRequest("store", name, "is not served by this dashboard")
+            template = d.template_of(name)
+            raise BadRequest(
+                "store",
+                name,
+                "is not served by this dashboard"
+                + (f": the source of template {template} does not list it" if template else ""),
+            )
         return context
 
     def html(template: str, request: Request, status: int = 200, **values: Any) -> HTMLResponse:
@@ -56,13 +62,14 @@ def routes(dashboard: Dashboard) -> list[Route]:
             viewer=viewer,
             access=access,
             stores=list(d.contexts),
+            fleet_link=d.has_fleet,
             interval=d.interval,
             **values,
         )
         return HTMLResponse(body, status_code=status)
 
     async def page(request: Request, view: str, template: str, **values: Any) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         viewer = access.viewer(request)
         version, fragments = await d.live_fragments(context, view, viewer)
         return html(
@@ -99,13 +106,23 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return wrapper
 
     async def home(request: Request) -> Response:
-        if len(d.contexts) > 1:
+        if d.has_fleet:
             return RedirectResponse("/fleet", status_code=303)
-        return RedirectResponse(f"/s/{next(iter(d.contexts))}/overview", status_code=303)
+        return RedirectResponse(f"/s/{d.configured[0]}/overview", status_code=303)
 
     async def fleet(request: Request) -> Response:
-        read_at, summaries = await d.fleet()
-        return html("fleet.html", request, fleet=True, summaries=summaries, read_at=read_at)
+        view = await d.fleet()
+        return html(
+            "fleet.html",
+            request,
+            fleet=True,
+            summaries=view.summaries,
+            served=view.served,
+            read_at=view.read_at,
+            fleet_templates=list(d.templates_served),
+            open_on_demand=d.open_on_demand,
+            open_stores=d.open_stores,
+        )
 
     async def overview(request: Request) -> Response:
         return await page(request, "overview", "overview.html")
@@ -114,7 +131,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return await page(request, "lanes", "lanes.html")
 
     async def lane(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         number = _int("lane", request.path_params["lane"], 0, context.store.lanes - 1)
         async with context.pool.connection() as conn:
             detail = await reads.lane_detail(conn, context.store, number, context.sampler.snapshot)
@@ -123,7 +140,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return await page(request, "lanes", "lanes.html", detail=detail)
 
     async def parked_list(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         where = _parked_filter(request.query_params, context)
         as_of = _time("as_of", request.query_params.get("as_of"))
         after_at = _time("after_at", request.query_params.get("after_at"))
@@ -133,14 +150,14 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return await page(request, "parked", "parked.html", where=where, listing=listing)
 
     async def parked_key(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         key = _required(request.query_params, "key")
         async with context.pool.connection() as conn:
             detail = await reads.key_detail(conn, context.store, key)
         return await page(request, "parked", "key.html", key=key, detail=detail)
 
     async def row_body(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         number = _int("lane", request.query_params.get("lane"), -1, context.store.lanes - 1)
         row_id = _uuid("id", request.query_params.get("id"))
         async with context.pool.connection() as conn:
@@ -148,7 +165,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return html("_body.html", request, body=body, cap=reads.BODY_CAP)
 
     async def confirm_key(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         key = _required(request.query_params, "key")
         action = _choice("action", request.query_params.get("action"), ("redrive", "drop"))
         async with context.pool.connection() as conn:
@@ -158,7 +175,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         )
 
     async def change_key(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         actor, refusal = access.actor_of_change(request)
         if actor is None:
             return _message(d, request, 403, refusal)
@@ -186,7 +203,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return response
 
     async def confirm_bulk(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         where = _parked_filter(request.query_params, context)
         action = _choice("action", request.query_params.get("action"), ("redrive", "drop"))
         async with context.pool.connection() as conn:
@@ -202,7 +219,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         )
 
     async def start_bulk(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         actor, refusal = access.actor_of_change(request)
         if actor is None:
             return _message(d, request, 403, refusal)
@@ -228,7 +245,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return html("_bulk.html", request, store=context.store, run=run)
 
     async def bulk_progress(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         run = d.bulk.runs.get(_int("run", request.path_params["run"], 1, 2**31 - 1))
         if run is None or run.store != context.store.name:
             raise BadRequest("run", request.path_params["run"], "is not a bulk run of this store")
@@ -237,7 +254,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return html("_bulk.html", request, store=context.store, run=run)
 
     async def cancel_bulk(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         actor, refusal = access.actor_of_change(request)
         if actor is None:
             return _message(d, request, 403, refusal)
@@ -250,7 +267,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return await page(request, "queues", "queues.html")
 
     async def change_queue(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         actor, refusal = access.actor_of_change(request)
         if actor is None:
             return _message(d, request, 403, refusal)
@@ -288,7 +305,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return await page(request, "health", "health.html")
 
     async def audit(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         text = _text(request.query_params.get("text"))
         action = _text(request.query_params.get("action"))
         async with context.pool.connection() as conn:
@@ -298,7 +315,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         )
 
     async def events(request: Request) -> Response:
-        context = context_of(request)
+        context = await context_of(request)
         view = _choice("view", request.query_params.get("view"), VIEWS)
         return d.stream(request, context, view)
 
@@ -382,6 +399,7 @@ def _message(d: Dashboard, request: Request, status: int, text: str) -> HTMLResp
         viewer=d.access.viewer(request),
         access=d.access,
         stores=list(d.contexts),
+        fleet_link=d.has_fleet,
         interval=d.interval,
         store=None,
         view=None,
