@@ -104,6 +104,7 @@ class StoreContext:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
+        await self.sampler.closed()
         await self.pool.close()
 
     async def health_view(self) -> reads.HealthView:
@@ -177,6 +178,12 @@ class Dashboard:
     def has_fleet(self) -> bool:
         """Whether the Fleet page leads: more than one store, or a template's stores."""
         return len(self.configured) > 1 or bool(self.templates_served)
+
+    @property
+    def nav_stores(self) -> list[str]:
+        """The stores the header lists: the configured ones, then the template stores open
+        now by name (never a whole fleet)."""
+        return [*self.configured, *sorted(self._on_demand)]
 
     @property
     def open_on_demand(self) -> list[str]:
@@ -394,6 +401,7 @@ class Dashboard:
                     if not told_closed:
                         told_closed = True
                         yield {"event": "banner", "data": self.render("_closed.html", **closed)}
+                    await asyncio.sleep(STREAM_TIMEOUT)  # idle: only the disconnect check runs
                     continue
                 if snapshot is None:
                     continue

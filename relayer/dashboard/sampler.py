@@ -154,6 +154,7 @@ class StoreSampler:
         self._heads_seen: dict[int, tuple[int, float]] = {}
         self._queries = queries_for(store.names)
         self._wake = asyncio.Event()
+        self._closed = False
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -163,9 +164,16 @@ class StoreSampler:
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._version > version), within
+                    self._changed.wait_for(lambda: self._version > version or self._closed),
+                    within,
                 )
         return self.snapshot if self._version > version else None
+
+    async def closed(self) -> None:
+        """No snapshot will follow (the store was closed): wake every waiter now."""
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
 
     def refresh_soon(self) -> None:
         """Take the next snapshot now (after an action, so the page shows its effect)."""

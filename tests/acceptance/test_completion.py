@@ -30,6 +30,8 @@ BASH_CASES = [
     (["relayer", "--config", "{config}", "status", ""], "orders billing"),
     (["relayer", "--config", "{config}", "run", "orders", "b"], "billing"),
     (["relayer", "--config", "{config}", "run", "--template", ""], "tenants"),
+    (["relayer", "--config", "{config}", "dashboard", "--template", ""], "tenants"),
+    (["relayer", "--config", "{config}", "dashboard", "o"], "orders"),
 ]
 
 

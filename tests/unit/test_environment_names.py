@@ -10,7 +10,7 @@ from pathlib import Path
 
 from relayer.cli import build_parser
 from relayer.cli.common import resolve_environment
-from relayer.environment import NOT_SETTINGS, RESERVED_PREFIXES, RUN_OPTIONS
+from relayer.environment import DASHBOARD_OPTIONS, NOT_SETTINGS, RESERVED_PREFIXES, RUN_OPTIONS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "relayer"
 
@@ -31,13 +31,13 @@ def test_every_variable_relayer_reads_is_accepted() -> None:
     assert refused == set()
 
 
-def _run_parser() -> argparse.ArgumentParser:
+def _run_parser(name: str = "run") -> argparse.ArgumentParser:
     commands = next(
         action
         for action in build_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     )
-    parser: argparse.ArgumentParser = commands.choices["run"]
+    parser: argparse.ArgumentParser = commands.choices[name]
     return parser
 
 
@@ -59,6 +59,18 @@ def test_every_option_of_run_has_its_environment_variable() -> None:
 def test_the_run_variables_are_documented() -> None:
     cli = (PACKAGE.parent / "docs" / "cli.md").read_text()
     assert [name for name in RUN_OPTIONS if f"`{name}`" not in cli] == []
+
+
+def test_the_dashboard_options_from_the_environment_are_listed_and_documented() -> None:
+    """`relayer dashboard --template` is RELAYER_DASHBOARD_TEMPLATE (beside
+    RELAYER_DASHBOARD_TOKEN), accepted by the start-up check and documented."""
+    options = _run_parser("dashboard").get_default("environment_options")
+    variables = {option.flag: option.variable for option in options}
+    assert variables == {"--template": "RELAYER_DASHBOARD_TEMPLATE"}
+    assert set(variables.values()) == set(DASHBOARD_OPTIONS)
+    for page in ("cli.md", "dashboard.md"):
+        text = (PACKAGE.parent / "docs" / page).read_text()
+        assert [name for name in DASHBOARD_OPTIONS if f"`{name}`" not in text] == [], page
 
 
 def test_the_environment_wins_over_the_default_and_the_command_line_over_both() -> None:
