@@ -135,6 +135,10 @@ class BulkRuns:
         self.runs[run.id] = run
         return run
 
+    def running(self) -> set[str]:
+        """The stores with a bulk run still going."""
+        return {run.store for run in self.runs.values() if not run.finished}
+
     def cancel(self, run_id: int) -> BulkRun | None:
         run = self.runs.get(run_id)
         if run is not None and not run.finished:

@@ -1,11 +1,8 @@
 """The dashboard's ASGI application: one sampler and one small pool per store, the pages
 (routes.py), the live fragments and the event stream.
 
-The stores given by name are open while the dashboard runs. A template's stores (hundreds,
-perhaps) are listed on the Fleet page and opened on demand: the first request for one reads
-its template's source, opens its pool and starts its sampler; at most ``OPEN_STORES`` of them
-are open at once, the least recently viewed closed first, so the dashboard's connections stay
-bounded however large the fleet.
+The stores it shows, configured or opened on demand from a template's source, are in
+stores.py; the Fleet page lists them all, worst first.
 
 Each view has live fragments (HTML rendered from the latest snapshot, cached per snapshot
 version, so any number of viewers cost one rendering). A tab opens one event stream for its
@@ -21,16 +18,13 @@ import base64
 import contextlib
 import hashlib
 import json
-import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from psycopg_pool import AsyncConnectionPool
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -39,79 +33,19 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from relayer import __version__
-from relayer.connection import connection_kwargs
 from relayer.dashboard import reads
 from relayer.dashboard.actions import BulkRuns
 from relayer.dashboard.format import FILTERS
 from relayer.dashboard.lanes import STATE_NAMES
-from relayer.dashboard.sampler import Snapshot, StoreSampler
+from relayer.dashboard.sampler import Snapshot
 from relayer.dashboard.security import Access, SecurityHeaders, Viewer
-from relayer.fleet.sources import DiscoveryError
+from relayer.dashboard.stores import OPEN_STORES, StoreContext, Stores
 from relayer.fleet.templates import TemplateSettings
 from relayer.settings import StoreSettings
-from relayer.status import StoreSummary, TemplateListing, list_template, read_summaries
+from relayer.status import StoreSummary, read_summaries
 
-logger = logging.getLogger(__name__)
-
-HEALTH_TTL = 10.0  # seconds a table-health reading is reused
 STREAM_TIMEOUT = 15.0  # a stream with no new snapshot re-checks its client this often
-POOL_TIMEOUT = 3.0  # seconds a request waits for a connection before it reports the store down
-POOL_SIZE = 4  # connections a store's pool may open (its sampler holds one at most)
-# Template stores open at once (each a pool of 1 to POOL_SIZE connections and a sampler);
-# opening one more closes the least recently viewed (docs/dashboard.md#fleet).
-OPEN_STORES = 8
-FIRST_SNAPSHOT_WAIT = 2.0  # seconds the request that opens a store waits for its first snapshot
 VIEWS = ("overview", "lanes", "parked", "queues", "health", "audit")
-
-
-@dataclass(slots=True)
-class StoreContext:
-    """One store of the dashboard: its settings, pool, sampler and rendered fragments."""
-
-    store: StoreSettings
-    pool: AsyncConnectionPool[Any]
-    sampler: StoreSampler
-    fragments: dict[tuple[str, bool], tuple[int, dict[str, str]]] = field(default_factory=dict)
-    render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    health: tuple[float, reads.HealthView] | None = None
-    task: asyncio.Task[None] | None = None  # the sampler's, while open
-    closed: bool = False
-
-    @classmethod
-    def create(
-        cls, store: StoreSettings, *, interval: float, refine_interval: float
-    ) -> StoreContext:
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            store.require_dsn(),
-            min_size=1,
-            max_size=POOL_SIZE,
-            open=False,
-            timeout=POOL_TIMEOUT,
-            kwargs=connection_kwargs(store, autocommit=True, name=f"{store.name}:dashboard"),
-            name=f"relayer-dashboard-{store.name}",
-        )
-        sampler = StoreSampler(store, pool, interval=interval, refine_interval=refine_interval)
-        return cls(store, pool, sampler)
-
-    async def open(self) -> None:
-        await self.pool.open(wait=False)
-        self.task = asyncio.create_task(self.sampler.run(), name=f"dashboard-{self.store.name}")
-
-    async def close(self) -> None:
-        """Stop the sampler and close the pool (its streams say so and stay idle)."""
-        self.closed = True
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-        await self.sampler.closed()
-        await self.pool.close()
-
-    async def health_view(self) -> reads.HealthView:
-        if self.health is None or time.monotonic() - self.health[0] > HEALTH_TTL:
-            async with self.pool.connection() as conn:
-                self.health = (time.monotonic(), await reads.health_view(conn, self.store))
-        return self.health[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,20 +73,16 @@ class Dashboard:
     ) -> None:
         self.access = access
         self.interval = interval
-        self.refine_interval = refine_interval
-        self.templates_served = {template.name: template for template in templates}
-        self.open_stores = open_stores
-        # Every open store: the configured ones, then the template stores open now.
-        self.contexts: dict[str, StoreContext] = {}
-        for store in stores:
-            self.contexts[store.name] = StoreContext.create(
-                store, interval=interval, refine_interval=refine_interval
-            )
-        self.configured = tuple(self.contexts)
-        self._on_demand: OrderedDict[str, None] = OrderedDict()  # least recently viewed first
-        self._open_lock = asyncio.Lock()
-        self._listings: dict[str, tuple[float, TemplateListing]] = {}
         self.bulk = BulkRuns()
+        self.stores = Stores(
+            stores,
+            templates,
+            interval=interval,
+            refine_interval=refine_interval,
+            open_stores=open_stores,
+            busy=self.bulk.running,
+        )
+        self.contexts = self.stores.contexts  # every open store, by name
         self.templates = Environment(
             loader=PackageLoader("relayer.dashboard", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -166,29 +96,16 @@ class Dashboard:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        for name in self.configured:
-            await self.contexts[name].open()
+        await self.stores.start()
 
     async def stop(self) -> None:
         await self.bulk.close()
-        for context in list(self.contexts.values()):
-            await context.close()
+        await self.stores.stop()
 
     @property
     def has_fleet(self) -> bool:
         """Whether the Fleet page leads: more than one store, or a template's stores."""
-        return len(self.configured) > 1 or bool(self.templates_served)
-
-    @property
-    def nav_stores(self) -> list[str]:
-        """The stores the header lists: the configured ones, then the template stores open
-        now by name (never a whole fleet)."""
-        return [*self.configured, *sorted(self._on_demand)]
-
-    @property
-    def open_on_demand(self) -> list[str]:
-        """The template stores open now, least recently viewed first."""
-        return list(self._on_demand)
+        return len(self.stores.configured) > 1 or bool(self.stores.templates)
 
     async def fleet(self) -> FleetView:
         """Every store's ``status --all`` line, worst first: the configured stores and every
@@ -197,12 +114,15 @@ class Dashboard:
         wait behind a store's sampler)."""
         async with self._fleet_lock:
             if self._fleet is None or time.monotonic() - self._fleet[0] > self.interval:
-                listings = await asyncio.gather(
-                    *(self._read_listing(template) for template in self.templates_served.values())
-                )
-                await self._close_unlisted(listings)
-                stores = [self.contexts[name].store for name in self.configured]
-                stores += [store for listing in listings for store in listing.stores]
+                listings = await self.stores.read_listings()
+                stores = [self.contexts[name].store for name in self.stores.configured]
+                shown = set(self.stores.configured)  # a configured TEMPLATE.NAME: listed once
+                stores += [
+                    store
+                    for listing in listings
+                    for store in listing.stores
+                    if store.name not in shown
+                ]
                 problems = [problem for listing in listings for problem in listing.problems]
                 summaries = sorted(
                     [*problems, *await read_summaries(stores)], key=lambda found: found.rank
@@ -212,97 +132,6 @@ class Dashboard:
                 )
                 self._fleet = (time.monotonic(), view)
             return self._fleet[1]
-
-    async def context(self, name: str) -> StoreContext | None:
-        """Store ``name``'s context: a configured store, or a template store, opened now if
-        it is not open (closing the least recently viewed one past ``open_stores``); None if
-        neither this dashboard's stores nor its templates' sources name it. DiscoveryError
-        when its template's source cannot be read."""
-        context = self.contexts.get(name)
-        if context is None:
-            template = self.template_of(name)
-            if template is None:
-                return None
-            async with self._open_lock:
-                context = self.contexts.get(name)  # opened while this request waited
-                if context is None:
-                    context = await self._open(self.templates_served[template], name)
-                    if context is None:
-                        return None
-            if context.sampler.snapshot is None:  # just opened: show its figures at once
-                await context.sampler.wait_newer(0, FIRST_SNAPSHOT_WAIT)
-        if name in self._on_demand:
-            self._on_demand.move_to_end(name)
-        return context
-
-    def template_of(self, name: str) -> str | None:
-        """The template whose stores ``name`` would be one of, if this dashboard serves it."""
-        template = name.partition(".")[0]
-        return template if "." in name and template in self.templates_served else None
-
-    async def _open(self, template: TemplateSettings, name: str) -> StoreContext | None:
-        listing = self._listings.get(template.name)
-        if listing is None or time.monotonic() - listing[0] > self.interval:
-            found = await self._read_listing(template)
-        else:
-            found = listing[1]
-        if not found.readable:
-            raise DiscoveryError(found.problems[0].error)
-        store = next((store for store in found.stores if store.name == name), None)
-        if store is None:
-            return None
-        while len(self._on_demand) >= self.open_stores and await self._close_least_recent():
-            pass
-        context = StoreContext.create(
-            store, interval=self.interval, refine_interval=self.refine_interval
-        )
-        await context.open()
-        self.contexts[name] = context
-        self._on_demand[name] = None
-        logger.info(
-            "dashboard: opened store %s on demand (%d of at most %d template stores open)",
-            name,
-            len(self._on_demand),
-            self.open_stores,
-            extra={"action": "dashboard_store_open", "store": name},
-        )
-        return context
-
-    async def _close_least_recent(self) -> bool:
-        """Close the least recently viewed template store that runs no bulk change; False
-        if each runs one (they stay open until it ends)."""
-        busy = {run.store for run in self.bulk.runs.values() if not run.finished}
-        name = next((name for name in self._on_demand if name not in busy), None)
-        if name is None:
-            return False
-        await self._close(name, "to open another")
-        return True
-
-    async def _close(self, name: str, why: str) -> None:
-        del self._on_demand[name]
-        context = self.contexts.pop(name)
-        await context.close()
-        logger.info(
-            "dashboard: closed store %s %s (at most %d template stores are open at once)",
-            name,
-            why,
-            self.open_stores,
-            extra={"action": "dashboard_store_close", "store": name},
-        )
-
-    async def _read_listing(self, template: TemplateSettings) -> TemplateListing:
-        listing = await list_template(template)
-        self._listings[template.name] = (time.monotonic(), listing)
-        return listing
-
-    async def _close_unlisted(self, listings: Sequence[TemplateListing]) -> None:
-        """Close the open template stores that a source read just now no longer lists."""
-        listed = {store.name for listing in listings for store in listing.stores}
-        read = {listing.template for listing in listings if listing.readable}
-        busy = {run.store for run in self.bulk.runs.values() if not run.finished}
-        for name in list(self._on_demand):
-            if self.template_of(name) in read and name not in listed and name not in busy:
-                await self._close(name, "since its template's source no longer lists it")
 
     # -- rendering ------------------------------------------------------------------------
 
@@ -382,7 +211,7 @@ class Dashboard:
         viewer = self.access.viewer(request)
         every = _number(request.query_params.get("every"), self.interval, 1.0, 60.0)
         since = int(_number(request.query_params.get("since"), -1, -1, 2**62))
-        closed = {"store": context.store, "open_stores": self.open_stores}
+        closed = {"store": context.store, "open_stores": self.stores.open_stores}
 
         async def events() -> AsyncIterator[dict[str, str]]:
             sent: dict[str, bytes] = {}

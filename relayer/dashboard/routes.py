@@ -43,9 +43,9 @@ def routes(dashboard: Dashboard) -> list[Route]:
 
     async def context_of(request: Request) -> StoreContext:
         name = request.path_params["store"]
-        context = await d.context(name)
+        context = await d.stores.get(name)
         if context is None:
-            template = d.template_of(name)
+            template = d.stores.template_of(name)
             raise BadRequest(
                 "store",
                 name,
@@ -61,7 +61,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
             request=request,
             viewer=viewer,
             access=access,
-            stores=d.nav_stores,
+            stores=d.stores.nav,
             fleet_link=d.has_fleet,
             interval=d.interval,
             **values,
@@ -108,7 +108,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
     async def home(request: Request) -> Response:
         if d.has_fleet:
             return RedirectResponse("/fleet", status_code=303)
-        return RedirectResponse(f"/s/{d.configured[0]}/overview", status_code=303)
+        return RedirectResponse(f"/s/{d.stores.configured[0]}/overview", status_code=303)
 
     async def fleet(request: Request) -> Response:
         view = await d.fleet()
@@ -119,9 +119,9 @@ def routes(dashboard: Dashboard) -> list[Route]:
             summaries=view.summaries,
             served=view.served,
             read_at=view.read_at,
-            fleet_templates=list(d.templates_served),
-            open_on_demand=d.open_on_demand,
-            open_stores=d.open_stores,
+            fleet_templates=list(d.stores.templates),
+            open_on_demand=d.stores.on_demand,
+            open_stores=d.stores.open_stores,
         )
 
     async def overview(request: Request) -> Response:
@@ -398,7 +398,7 @@ def _message(d: Dashboard, request: Request, status: int, text: str) -> HTMLResp
         text=text,
         viewer=d.access.viewer(request),
         access=d.access,
-        stores=d.nav_stores,
+        stores=d.stores.nav,
         fleet_link=d.has_fleet,
         interval=d.interval,
         store=None,

@@ -16,7 +16,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from relayer.dashboard import Access, create_app
-from relayer.dashboard.app import OPEN_STORES, Dashboard
+from relayer.dashboard.app import Dashboard
+from relayer.dashboard.stores import OPEN_STORES
 from relayer.fleet.templates import TemplateSettings
 from relayer.settings import load_settings
 from tests.conftest import apply_schema, make_store
@@ -87,7 +88,7 @@ async def test_the_fleet_page_lists_the_template_stores_worst_first(
         home = client.get("/", follow_redirects=False)
         page = client.get("/fleet")
         overview = client.get("/s/orders/overview")
-        opened = dashboard_of(client).open_on_demand
+        opened = dashboard_of(client).stores.on_demand
     assert home.status_code == 303 and home.headers["location"] == "/fleet"
     assert page.status_code == 200
     listed = re.findall(r'<tr data-store="([^"]+)">', page.text)
@@ -126,12 +127,12 @@ async def test_template_stores_open_on_demand_and_the_ninth_closes_the_least_rec
             assert client.get(path).status_code == 200, path
         for name in names[1:OPEN_STORES]:
             assert client.get(f"/s/tenants.{name}/queues").status_code == 200, name
-        assert dashboard.open_on_demand == [f"tenants.{name}" for name in names[:OPEN_STORES]]
+        assert dashboard.stores.on_demand == [f"tenants.{name}" for name in names[:OPEN_STORES]]
         client.get("/s/tenants.s1/health")  # s1 viewed again: s2 is now the least recent
         least_recent = dashboard.contexts["tenants.s2"]
         ninth = client.get(f"/s/tenants.{names[-1]}/overview")
         assert ninth.status_code == 200, ninth.text
-        open_now = dashboard.open_on_demand
+        open_now = dashboard.stores.on_demand
         assert open_now == [f"tenants.{name}" for name in [*names[2:OPEN_STORES], "s1", names[-1]]]
         assert least_recent.closed and least_recent.pool.closed
         assert least_recent.task is not None and least_recent.task.done()
@@ -146,8 +147,8 @@ async def test_template_stores_open_on_demand_and_the_ninth_closes_the_least_rec
         assert SECRET not in ninth.text
         # Opening s2 again works, and closes the least recent in its turn (s3).
         assert client.get("/s/tenants.s2/overview").status_code == 200
-        assert "tenants.s3" not in dashboard.open_on_demand
-        assert len(dashboard.open_on_demand) == OPEN_STORES
+        assert "tenants.s3" not in dashboard.stores.on_demand
+        assert len(dashboard.stores.on_demand) == OPEN_STORES
 
 
 def _stores_connected(dsn: str, *, until: Any) -> set[str]:
@@ -182,7 +183,7 @@ async def test_a_store_no_source_lists_gets_a_one_line_400(
         other = client.get("/s/partners.acme/overview")
         plain = client.get("/s/orders/lanes")
         unreadable = client.get("/s/broken.acme/overview")
-        opened = dashboard_of(client).open_on_demand
+        opened = dashboard_of(client).stores.on_demand
     assert unlisted.status_code == 400
     message = re.findall(r'id="message">([^<\n]+)</p>', unlisted.text)
     assert message == [
@@ -224,14 +225,38 @@ async def test_a_closed_store_tells_its_open_streams(
                 if "was closed to open another" in text:
                     break
         dashboard = dashboard_of(client)
-        opened = dashboard.open_on_demand
+        opened = dashboard.stores.on_demand
         globex = dashboard.contexts["tenants.globex"]
         source.write_text(rows("acme"))
         fleet = client.get("/fleet")
-        after = dashboard.open_on_demand
+        after = dashboard.stores.on_demand
         gone = client.get("/s/tenants.globex/overview")
     assert "tenants.acme was closed to open another template store" in text
     assert opened == ["tenants.globex"]
     assert re.findall(r'<tr data-store="([^"]+)">', fleet.text) == ["tenants.acme"]
     assert after == [] and globex.pool.closed
     assert gone.status_code == 400
+
+
+async def test_a_template_store_given_by_name_is_listed_once_and_stays_open(
+    pg_dsn: str, tmp_path: Path, read_only: Access
+) -> None:
+    """``relayer dashboard tenants.acme --template tenants``: the store named on the command
+    line is open from the start, listed once, and never closed to open another."""
+    source = tmp_path / "tenants.json"
+    source.write_text(rows("acme", "globex"))
+    template = tenants(pg_dsn, source)
+    await applied(template, "acme", "globex")
+    [acme] = [store for store in await _listed(template) if store.name == "tenants.acme"]
+    app = create_app([acme], read_only, templates=[template], interval=1, open_stores=1)
+    with TestClient(app) as client:
+        fleet = client.get("/fleet")
+        globex = client.get("/s/tenants.globex/overview")
+        again = client.get("/s/tenants.acme/overview")
+        dashboard = dashboard_of(client)
+        opened, acme_open = dashboard.stores.on_demand, not dashboard.contexts[acme.name].closed
+    listed = re.findall(r'<tr data-store="([^"]+)">', fleet.text)
+    assert listed == ["tenants.acme", "tenants.globex"]
+    assert globex.status_code == 200 and again.status_code == 200
+    assert opened == ["tenants.globex"] and acme_open
+    assert nav_stores(again.text) == ["tenants.acme", "tenants.globex"]
