@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from relayer.connection import connect
-from relayer.errors import RelayerError
+from relayer.errors import ConfigurationError, RelayerError
 from relayer.health import StoreHealth, read_health
 from relayer.lanes import UNORDERED_LANE
 from relayer.membership import share
@@ -193,7 +193,6 @@ async def list_template(template: TemplateSettings) -> TemplateListing:
     """Read ``template``'s discovery source once and validate each row like a configured
     store; a source that cannot be read or a row that breaks a rule gets a line of its own
     (``TEMPLATE.*``, ``TEMPLATE.?``), without a secret."""
-    from relayer.errors import ConfigurationError
     from relayer.fleet.sources import DiscoveryError, read_source
     from relayer.fleet.templates import store_from_row
 
