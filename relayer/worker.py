@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from relayer.connection import connect
 from relayer.destinations import DestinationCache
 from relayer.dispatch import (
     Job,
@@ -59,7 +58,6 @@ from relayer.store.databases import (
     Database,
     DatabaseKey,
     Databases,
-    database_key,
     plan_connections,
 )
 from relayer.throttle import ThrottledLog, shape
@@ -522,11 +520,11 @@ class Worker:
 
     def _gate(self, store: StoreSettings) -> PostgresClusterState:
         """A store's cluster gate on its database's dispatcher connection (shared)."""
-        key = database_key(store)
-        dispatcher = self._dispatchers.get(key)
+        database = self.databases.get(store)
+        dispatcher = self._dispatchers.get(database.key)
         if dispatcher is None:
-            dispatcher = self._dispatchers[key] = DispatcherConnection(
-                lambda: connect(store, purpose="worker:dispatcher"),
+            dispatcher = self._dispatchers[database.key] = DispatcherConnection(
+                database.connect_dispatcher,
                 pinned=store.pooler == "transaction",
                 budget=self.databases.budget,
             )

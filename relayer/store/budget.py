@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -176,7 +176,7 @@ class BatchPool:
         budget: ConnectionBudget,
         store: StoreSettings,
         *,
-        name: str,
+        name: str | Callable[[], str],
         settings: Mapping[str, str] | None = None,
         max_idle: float = 60.0,
         timeout: float = 30.0,
@@ -185,10 +185,11 @@ class BatchPool:
         self.store = store  # the connection's target (dsn, pooler); errors name the caller's
         self.max_idle = max_idle
         self.timeout = timeout
-        self._kwargs = connection_kwargs(store, autocommit=False, name=name)
+        # The name of a connection (application_name relayer:NAME), when it is made.
+        self.name: Callable[[], str] = name if callable(name) else lambda: name
+        self._options = ""
         if settings and store.pooler == "none":
-            options = (f"-c {key}={value}" for key, value in settings.items())
-            self._kwargs["options"] = " ".join(options)
+            self._options = " ".join(f"-c {key}={value}" for key, value in settings.items())
         self.idle: list[_Idle] = []  # oldest first: connections are reused from the end
         self.opened = 0  # connections of this pool, in use, idle or being opened
         self.closed = False
@@ -277,10 +278,11 @@ class BatchPool:
         """A new connection, its unit already taken (given back if connecting fails)."""
         self.opened += 1
         try:
+            kwargs = connection_kwargs(self.store, autocommit=False, name=self.name())
+            if self._options:
+                kwargs["options"] = self._options
             async with asyncio.timeout(self.timeout):
-                conn = await psycopg.AsyncConnection.connect(
-                    self.store.require_dsn(), **self._kwargs
-                )
+                conn = await psycopg.AsyncConnection.connect(self.store.require_dsn(), **kwargs)
         except BaseException as exc:
             self.opened -= 1
             self.budget._freed()

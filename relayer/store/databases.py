@@ -129,10 +129,10 @@ def plan_connections(
             "worker.max_connections",
             limit,
             f"must be at least {fixed + len(databases)} for these stores: their "
-            f"{len(databases)} database(s) hold {fixed} connections of their own (a "
-            "housekeeping, a LISTEN and a dispatcher connection each; no LISTEN behind a "
-            "transaction pooler without listen_dsn) and need one batch connection each at "
-            "least; raise it, or serve fewer databases per process",
+            f"{len(databases)} database(s) hold {fixed} connections of their own (housekeeping, "
+            "LISTEN and dispatcher, per database; no LISTEN behind a transaction pooler without "
+            "listen_dsn) plus at least one batch connection each; raise it, or serve fewer "
+            "databases per process",
         )
     return ConnectionPlan(len(databases), fixed, batch, min(settings.pool_size, batch), limit, True)
 
@@ -149,11 +149,15 @@ class Database:
         self.budget = budget
         self._template = store
         self.housekeeping = Session(store, self._connect_housekeeping, purpose="housekeeping")
-        self.listener = SharedListener(store, label=key.label) if can_listen(store) else None
+        self.listener = (
+            SharedListener(store, label=key.label, name=lambda: self.application("listen"))
+            if can_listen(store)
+            else None
+        )
         self.pool = BatchPool(
             budget,
             store,
-            name="worker:batch",
+            name=lambda: self.application("batch"),
             settings=batch_settings(store),
             max_idle=max_idle,
             # Connecting must end well within a lease: the scan waiting for it holds a slot.
@@ -165,8 +169,21 @@ class Database:
     def __repr__(self) -> str:
         return f"Database({self.label!r}, stores={sorted(self.stores)})"
 
+    def application(self, purpose: str) -> str:
+        """What a connection made now for ``purpose`` is named after (``relayer:NAME`` in
+        pg_stat_activity): the database's first store, and how many more it serves, as in
+        ``relayer:orders+19:batch`` (``relayer:orders:batch`` for a store on its own)."""
+        names = list(self.stores) or [self._template.name]
+        more = f"+{len(names) - 1}" if len(names) > 1 else ""
+        return f"{names[0]}{more}:{purpose}"
+
     async def _connect_housekeeping(self) -> Connection:
-        return await connect(self._template, purpose="worker:housekeeping")
+        return await connect(self._template, purpose=self.application("housekeeping"))
+
+    async def connect_dispatcher(self) -> Connection:
+        """A new autocommit connection for the database's dispatcher (relayer.dispatch:
+        the worker shares one per database; it reserves its own unit of the budget)."""
+        return await connect(self._template, purpose=self.application("dispatcher"))
 
     @property
     def fixed(self) -> int:

@@ -45,10 +45,16 @@ class SharedListener:
     """The LISTEN connection of one database (``store`` says where: its ``listen_dsn``, else
     its ``dsn``), shared by the stores that subscribe; runs while any is subscribed."""
 
-    def __init__(self, store: StoreSettings, *, label: str, purpose: str = "worker:listen") -> None:
+    def __init__(
+        self,
+        store: StoreSettings,
+        *,
+        label: str,
+        name: Callable[[], str] = lambda: "listen",
+    ) -> None:
         self.store = store
         self.label = label
-        self.purpose = purpose
+        self.name = name  # of the connection (application_name relayer:NAME), when made
         self.log = ThrottledLog(logger)
         self._subscribers: dict[str, Subscriber] = {}
         self._task: asyncio.Task[None] | None = None
@@ -93,7 +99,7 @@ class SharedListener:
                 await asyncio.wait_for(self._idle.wait(), self._retry())
 
     async def _listen(self) -> None:
-        conn = await connect(self.store, purpose=self.purpose, dsn=self.store.listen_dsn)
+        conn = await connect(self.store, purpose=self.name(), dsn=self.store.listen_dsn)
         try:
             await self._serve(conn)
         finally:

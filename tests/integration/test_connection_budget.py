@@ -107,8 +107,9 @@ async def drained(stores: list[StoreSettings], within: float = 20) -> None:
 
 
 class Backends:
-    """Samples the worker's backends in both databases (application_name relayer:worker:*)
-    every few milliseconds, keeping the highest count seen."""
+    """Samples the worker's backends in both databases (application_name relayer:*, named
+    after the database's stores and the purpose) every few milliseconds, keeping the highest
+    count seen."""
 
     def __init__(self, server: str, databases: list[str]) -> None:
         self.server = server
@@ -119,9 +120,10 @@ class Backends:
 
     async def count(self, conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
         cursor = await conn.execute(
-            "SELECT application_name, count(*) FROM pg_catalog.pg_stat_activity "
-            "WHERE datname = ANY(%s) AND application_name LIKE 'relayer:worker:%%' "
-            "GROUP BY application_name",
+            "SELECT pg_catalog.split_part(application_name, ':', 3), count(*) "
+            "FROM pg_catalog.pg_stat_activity "
+            "WHERE datname = ANY(%s) AND application_name LIKE 'relayer:%%' "
+            "GROUP BY 1",
             (self.databases,),
         )
         return {str(name): int(count) for name, count in await cursor.fetchall()}
@@ -180,8 +182,8 @@ async def test_twenty_stores_in_two_databases_stay_within_the_budget(
             await drained(stores)
             # Drained and idle: each database closes its batch connections after
             # batch_max_idle and keeps only its 3 fixed ones.
-            await until(lambda: backends.last.get("relayer:worker:batch", 0) == 0)
-            assert sum(backends.last.values()) == 6
+            await until(lambda: backends.last.get("batch", 0) == 0)
+            assert backends.last == {"housekeeping": 2, "listen": 2, "dispatcher": 2}
             assert worker.databases.budget.batch == 0
         finally:
             stop.set()
@@ -246,11 +248,11 @@ async def test_through_pgbouncer_the_clients_stay_within_the_budget(
                     row
                     for row in await show(console, "CLIENTS")
                     if row["database"] in names
-                    and str(row.get("application_name") or "").startswith("relayer:worker:")
+                    and str(row.get("application_name") or "").startswith("relayer:s")
                 ]
                 cursor = await direct.execute(
                     "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE datname = ANY(%s) "
-                    "AND application_name = 'relayer:worker:listen'",
+                    "AND application_name LIKE 'relayer:%%:listen'",
                     (names,),
                 )
                 row = await cursor.fetchone()

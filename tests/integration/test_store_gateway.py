@@ -195,7 +195,7 @@ async def test_a_worker_whose_every_connection_is_killed_keeps_relaying(
                     "SELECT count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(pid, 10000)) "
                     "FROM pg_catalog.pg_stat_activity "
                     "WHERE datname = pg_catalog.current_database() "
-                    "AND application_name LIKE 'relayer:worker:%%'"
+                    "AND application_name LIKE 'relayer:orders:%%'"
                 ).fetchone()
             # housekeeping, listen, dispatcher, batch
             assert killed is not None and killed[0] >= 4
