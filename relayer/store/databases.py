@@ -18,8 +18,8 @@ Stores in other schemas or with other table prefixes of that database share:
 The fixed connections (housekeeping, LISTEN, dispatcher) are held while any store of the
 database is served: the first store in reserves them in the worker's budget, the last one
 out closes them. So a worker holds at most ``max_connections``: per database 2 or 3 fixed
-connections, plus batch connections, at most one per dispatch slot (``pool_size``), sharing
-what the budget leaves (:func:`plan_connections`).
+connections, plus the batch connections of every database (one per lane batch in flight, and
+the metrics' backlog reads), sharing what the budget leaves (:func:`plan_connections`).
 """
 
 from __future__ import annotations
@@ -193,9 +193,13 @@ class Database:
     async def attach(self, store: StoreSettings) -> None:
         """``store`` starts using the shared connections (the first one in reserves them)."""
         if not self.stores:
-            while self._reserved < self.fixed:
-                await self.budget.reserve()
-                self._reserved += 1
+            try:
+                while self._reserved < self.fixed:
+                    await self.budget.reserve()
+                    self._reserved += 1
+            except BaseException:  # cancelled while waiting for room: hold nothing
+                self._unreserve()
+                raise
             self.pool.open()
         self.stores[store.name] = store
 
@@ -209,6 +213,9 @@ class Database:
             return
         await self.housekeeping.close()
         await self.pool.close()
+        self._unreserve()
+
+    def _unreserve(self) -> None:
         while self._reserved:
             self._reserved -= 1
             self.budget.unreserve()
