@@ -27,8 +27,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two test processes (pytest-xdist), a file each at a time: most tests wait on a database, a
+# broker or a subprocess, so two keep both cores busy. PYTEST_WORKERS=0 runs them in one process.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 # Build the sdist and wheel from the files a clone has, install the wheel in a fresh venv and
 # run its `relayer` command (about 20 s).

@@ -1,20 +1,65 @@
 """relayer: a transactional-outbox relay for PostgreSQL with per-key ordered delivery."""
 
-from relayer.after_commit import BackgroundDispatcher, UnorderedDispatcher
-from relayer.errors import (
-    ConfigurationError,
-    InvalidMessageError,
-    LaneCountMismatchError,
-    RelayerError,
-    SchemaNotAppliedError,
-    StoreError,
-    TransportError,
-)
-from relayer.ids import uuid7
-from relayer.inbox import Claim, Inbox, Outcome
-from relayer.lanes import fnv1a_32, lane_for
-from relayer.settings import RelayerSettings, StoreSettings, TransportSettings, load_settings
-from relayer.writer import Outbox, OutboxMessage
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relayer.after_commit import BackgroundDispatcher, UnorderedDispatcher
+    from relayer.errors import (
+        ConfigurationError,
+        InvalidMessageError,
+        LaneCountMismatchError,
+        RelayerError,
+        SchemaNotAppliedError,
+        StoreError,
+        TransportError,
+    )
+    from relayer.ids import uuid7
+    from relayer.inbox import Claim, Inbox, Outcome
+    from relayer.lanes import fnv1a_32, lane_for
+    from relayer.settings import RelayerSettings, StoreSettings, TransportSettings, load_settings
+    from relayer.writer import Outbox, OutboxMessage
+
+# The public names, imported on first use (PEP 562): ``relayer --version`` or ``import
+# relayer.errors`` need not load psycopg, pydantic and the relay.
+_LAZY = {
+    "BackgroundDispatcher": "relayer.after_commit",
+    "UnorderedDispatcher": "relayer.after_commit",
+    "ConfigurationError": "relayer.errors",
+    "InvalidMessageError": "relayer.errors",
+    "LaneCountMismatchError": "relayer.errors",
+    "RelayerError": "relayer.errors",
+    "SchemaNotAppliedError": "relayer.errors",
+    "StoreError": "relayer.errors",
+    "TransportError": "relayer.errors",
+    "uuid7": "relayer.ids",
+    "Claim": "relayer.inbox",
+    "Inbox": "relayer.inbox",
+    "Outcome": "relayer.inbox",
+    "fnv1a_32": "relayer.lanes",
+    "lane_for": "relayer.lanes",
+    "RelayerSettings": "relayer.settings",
+    "StoreSettings": "relayer.settings",
+    "TransportSettings": "relayer.settings",
+    "load_settings": "relayer.settings",
+    "Outbox": "relayer.writer",
+    "OutboxMessage": "relayer.writer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'relayer' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __version__ = "0.1.0.dev0"
 

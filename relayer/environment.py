@@ -34,6 +34,7 @@ DELIMITER = "__"
 # (docs/cli.md#run: the option given on the command line wins).
 RUN_OPTIONS = (
     "RELAYER_INSTANCE_ID",
+    "RELAYER_TEMPLATE",
     "RELAYER_PROCESSES",
     "RELAYER_METRICS_PORT",
     "RELAYER_METRICS_HOST",
@@ -182,7 +183,9 @@ def _variable(path: list[str]) -> str:
 
 def _shown(path: list[str], value: str) -> str:
     """The value, fit for an error: masked where it may hold a DSN or a secret."""
-    if path[0] == "stores" or any(part.endswith("dsn") or is_secret_name(part) for part in path):
+    if path[0] in ("stores", "templates") or any(
+        part.endswith("dsn") or is_secret_name(part) for part in path
+    ):
         return MASK
     if difflib.get_close_matches(path[0], ["dsn"], n=1, cutoff=0.6):
         return MASK

@@ -364,6 +364,10 @@ class WorkerSettings(BaseModel):
         return value
 
 
+# Templates hold every store setting, so their module builds on this one's StoreSettings.
+from relayer.fleet.templates import TEMPLATE_NAME, TEMPLATE_NAME_RULE, TemplateSettings  # noqa: E402
+
+
 class RelayerSettings(BaseSettings):
     """Everything a relayer process is configured with."""
 
@@ -376,6 +380,8 @@ class RelayerSettings(BaseSettings):
 
     dsn: str | None = Field(default=None, repr=False)
     stores: dict[str, StoreSettings] = Field(default_factory=dict)
+    # Stores found by a discovery source, each from a template's settings (relayer.fleet).
+    templates: dict[str, TemplateSettings] = Field(default_factory=dict)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
@@ -385,7 +391,7 @@ class RelayerSettings(BaseSettings):
     def _check_dsn(cls, value: str | None) -> str | None:
         return check_dsn(value)
 
-    @field_validator("stores", mode="before")
+    @field_validator("stores", "templates", mode="before")
     @classmethod
     def _name_stores(cls, value: object) -> object:
         if isinstance(value, Mapping):
@@ -416,16 +422,48 @@ class RelayerSettings(BaseSettings):
                 except _RelationError as exc:
                     field = "dsn" if exc.field == "dsn" else f"stores.{name}.{exc.field}"
                     raise _RelationError(field, exc.value, exc.rule) from None
+        self._check_templates()
         for name, weight in self.worker.weights.items():
-            if name not in self.stores:
+            if name not in self.stores and name.partition(".")[0] not in self.templates:
                 close = difflib.get_close_matches(name, list(self.stores), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
+                templates = " or TEMPLATE.NAME of a template" if self.templates else ""
                 raise _RelationError(
                     f"worker.weights.{name}",
                     weight,
-                    f"names no configured store (configured stores: {_names(self.stores)})" + hint,
+                    f"names no configured store{templates} (configured stores: "
+                    f"{_names(self.stores)})" + hint,
                 )
         return self
+
+    def _check_templates(self) -> None:
+        for name, template in self.templates.items():
+            if template.name != name:
+                raise _RelationError(
+                    f"templates.{name}.name", template.name, "must match its section"
+                )
+            if template.dsn is None:
+                try:
+                    template.check_pooled(self.dsn, "dsn")
+                except _RelationError as exc:
+                    field = "dsn" if exc.field == "dsn" else f"templates.{name}.{exc.field}"
+                    raise _RelationError(field, exc.value, exc.rule) from None
+            if template.discovery.query is not None and not (template.catalog_dsn() or self.dsn):
+                raise _RelationError(
+                    f"templates.{name}.discovery.dsn",
+                    None,
+                    "is required for a query source: set the catalog database's DSN here, or "
+                    f"templates.{name}.dsn (or the top-level dsn), where the query then runs",
+                )
+        for name in self.stores:
+            prefix = name.partition(".")[0]
+            if prefix in self.templates and "." in name:
+                raise _RelationError(
+                    f"stores.{name}",
+                    name,
+                    f"is named like a store of template {prefix!r} (its stores are "
+                    "TEMPLATE.NAME); rename the store or the template",
+                )
 
     @classmethod
     def settings_customise_sources(
@@ -470,6 +508,24 @@ class RelayerSettings(BaseSettings):
         if store.dsn is None and self.dsn is not None:
             store = store.model_copy(update={"dsn": self.dsn})
         return store
+
+    def template(self, name: str) -> TemplateSettings:
+        """The settings of template ``name``, inheriting the top-level ``dsn`` if it has none."""
+        try:
+            template = self.templates[name]
+        except KeyError:
+            if not TEMPLATE_NAME.fullmatch(name):
+                raise ConfigurationError("template", name, TEMPLATE_NAME_RULE) from None
+            raise ConfigurationError(
+                "template",
+                name,
+                f"is not configured (configured templates: {_names(self.templates)}); add a "
+                f"[templates.{name}] section with its [templates.{name}.discovery] source to "
+                "the config file (docs/fleet.md)",
+            ) from None
+        if template.dsn is None and self.dsn is not None:
+            template = template.model_copy(update={"dsn": self.dsn})
+        return template
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         yield "dsn", redact(self.dsn) if self.dsn else None
@@ -602,7 +658,15 @@ def check_dsn(value: str | None) -> str | None:
 
 
 def _setting_names() -> list[str]:
-    models: tuple[type[BaseModel], ...] = (RelayerSettings, StoreSettings, WorkerSettings)
+    from relayer.fleet.templates import DiscoverySettings
+
+    models: tuple[type[BaseModel], ...] = (
+        RelayerSettings,
+        StoreSettings,
+        WorkerSettings,
+        TemplateSettings,
+        DiscoverySettings,
+    )
     return sorted(
         {field.alias or name for model in models for name, field in model.model_fields.items()}
     )

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
+from relayer.connection import connect
+from relayer.errors import RelayerError
 from relayer.health import StoreHealth, read_health
 from relayer.lanes import UNORDERED_LANE
 from relayer.membership import share
 from relayer.parked import ParkedKey, read_parked
+from relayer.redact import redact
 from relayer.schema import require_schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+
+# Databases ``status --all`` reads at once.
+SUMMARY_CONNECTIONS = 4
+# How long ``status --all`` waits for one database's stores before reporting it unreachable.
+SUMMARY_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,3 +92,89 @@ def _owners(leases: dict[int, str], members: list[str], lanes: int) -> dict[int,
         for lane in share(rank, len(members), lanes):
             owners.setdefault(lane, member)
     return dict(sorted(owners.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSummary:
+    """One line of ``relayer status --all``: a store's backlog, parked keys and members, or
+    why it could not be read (``error``)."""
+
+    store: str
+    pending: int = 0
+    oldest_age_seconds: float = 0.0
+    parked: int = 0
+    waiting_for_operator: int = 0
+    members: int = 0
+    error: str = ""
+
+    @property
+    def rank(self) -> tuple[int, int, float, int, str]:
+        """Worst first: unreadable, then keys waiting for an operator, then the oldest row,
+        the longest backlog; by name last."""
+        return (
+            0 if self.error else 1,
+            -self.waiting_for_operator,
+            -self.oldest_age_seconds,
+            -self.pending,
+            self.store,
+        )
+
+
+async def read_summary(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreSummary:
+    """``store``'s line of ``status --all`` in one statement (after the schema check)."""
+    await require_schema(conn, store)
+    cursor = await conn.execute(queries_for(store.names)["status_summary"])
+    row = await cursor.fetchone()
+    assert row is not None
+    pending, oldest, parked, waiting, members = row
+    return StoreSummary(
+        store.name, int(pending), float(oldest or 0.0), int(parked), int(waiting), int(members)
+    )
+
+
+async def read_summaries(
+    stores: Sequence[StoreSettings], *, concurrency: int = SUMMARY_CONNECTIONS
+) -> list[StoreSummary]:
+    """Every store's summary, worst first: one connection per database at a time (stores
+    that share a DSN are read on one connection, one after the other), at most
+    ``concurrency`` databases at once. A store or database that cannot be read gets a line
+    saying why instead of failing the others."""
+    by_database: dict[str, list[StoreSettings]] = {}
+    for store in stores:
+        by_database.setdefault(store.require_dsn(), []).append(store)
+    limit = asyncio.Semaphore(concurrency)
+    found: list[StoreSummary] = []
+
+    async def read(group: list[StoreSettings]) -> None:
+        done: set[str] = set()
+        await limit.acquire()  # the timeout starts once this database's turn comes
+        try:
+            async with (
+                asyncio.timeout(SUMMARY_TIMEOUT),
+                await connect(group[0], purpose="status") as conn,
+            ):
+                for store in group:
+                    try:
+                        summary = await read_summary(conn, store)
+                    except (RelayerError, psycopg.Error) as exc:
+                        if conn.broken:
+                            raise
+                        summary = StoreSummary(store.name, error=_first_line(exc))
+                    found.append(summary)
+                    done.add(store.name)
+        except TimeoutError:
+            error = f"no answer within {SUMMARY_TIMEOUT:g} s"
+            found.extend(StoreSummary(s.name, error=error) for s in group if s.name not in done)
+        except (RelayerError, psycopg.Error) as exc:
+            error = _first_line(exc)
+            found.extend(StoreSummary(s.name, error=error) for s in group if s.name not in done)
+        finally:
+            limit.release()
+
+    await asyncio.gather(*(read(group) for group in by_database.values()))
+    return sorted(found, key=lambda summary: summary.rank)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return redact(text.splitlines()[0]) if text else type(exc).__name__

@@ -13,6 +13,10 @@ connections; every database's draw on one budget, ``worker.max_connections``.
 
     worker = Worker([store_settings], transports={"orders": {"kafka": transport}})
     await worker.run(stop_event)   # until stop_event is set; then finishes batches and leaves
+
+Stores join and leave a running worker with ``add_store`` and ``remove_store`` (a template's
+discovery does: relayer.fleet). A store's StoreRuntime takes every resource it needs in
+``open()`` and gives each back in ``close()``; the worker only wires runtimes into its group.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from relayer.destinations import DestinationCache
 from relayer.dispatch import (
@@ -38,7 +42,7 @@ from relayer.dispatch import (
 from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
 from relayer.dispatch.dispatcher import DispatcherConnection
-from relayer.errors import ConfigurationError, ConnectionsBusy, StoreError
+from relayer.errors import ConfigurationError, ConnectionsBusy, StoreError, UsageError
 from relayer.maintenance import Maintenance, maintenance_queue
 from relayer.membership import Membership, new_instance_id
 from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
@@ -62,7 +66,8 @@ from relayer.store.databases import (
 )
 from relayer.throttle import ThrottledLog, shape
 from relayer.tracing import RelayTracer, relay_tracer
-from relayer.transports.base import ClosesWithin, Transport
+from relayer.transports.base import Transport
+from relayer.transports.lifecycle import SharedTransports
 
 logger = logging.getLogger(__name__)
 
@@ -118,11 +123,24 @@ class StoreRuntime:
         now: Callable[[], float],
         *,
         tracer: RelayTracer | None = None,
+        gate: PostgresClusterState | None = None,
+        shared: SharedTransports | None = None,
     ) -> None:
         self.store = store
         self.member = member
         self.transports = dict(transports)
         self.now = now
+        # Its queues' pause state and concurrency limits (None: the worker's cluster_state).
+        self.gate = gate
+        self.shared = shared or SharedTransports()
+        # Set when the worker stops or the store leaves it: ends heartbeats, LISTEN and polls.
+        self.halt = asyncio.Event()
+        self.opened = False
+        self._gate_open = False
+        self._transports_held = False
+        self._joined = False
+        self._attached = False
+        self._closing: asyncio.Future[None] | None = None
         self.queue: MemoryQueue[int] = MemoryQueue(store.name)
         self.relay = LaneRelay(
             store, self.transports, member, destinations=DestinationCache(), tracer=tracer
@@ -154,6 +172,10 @@ class StoreRuntime:
         self._window_ends = float("-inf")
         # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
         self._due_heads: dict[int, float] = {}
+        # Lanes whose last scan met a broker or database that could not be used: no wake-up
+        # (a writer's NOTIFY, a probe) scans them before their retry_backoff is over, so an
+        # outage costs one attempt per lane per backoff however fast rows are written.
+        self._held: dict[int, float] = {}
         # Scans due in the same event-loop turn send their lanes in shared transactions.
         self._batches: Coalescer[ScanResult] = Coalescer(self._send_group, chunk=BATCH_LANES)
 
@@ -162,6 +184,7 @@ class StoreRuntime:
             if lane not in lanes:
                 self.queue.discard(lane)
                 self._due_heads.pop(lane, None)
+                self._held.pop(lane, None)
         self.wake_all()  # probe the new share: lanes with due heads get scanned
 
     def woken(self, payload: str) -> None:
@@ -175,7 +198,7 @@ class StoreRuntime:
             # Skip the probe: a row was just committed in this lane.
             now = self.now()
             self._due_heads[lane] = now
-            self.queue.schedule(lane, self._wake_window(now))
+            self._schedule(lane, self._wake_window(now))
 
     def _notified(self, payload: str) -> None:
         self.woken(payload)  # looked up on each notification: tests wrap it on a running worker
@@ -215,9 +238,19 @@ class StoreRuntime:
                 decided = self.relay.after_probe(head)
                 if decided is None:
                     self._due_heads[head.lane] = now
-                    self.queue.schedule(head.lane, now)
+                    self._schedule(head.lane, now)
                 elif decided.scan in (Scan.FUTURE, Scan.BUSY):
-                    self.queue.schedule(head.lane, now + decided.next_in)
+                    self._schedule(head.lane, now + decided.next_in)
+
+    def _schedule(self, lane: int, due: float) -> None:
+        """Scan ``lane`` at ``due``, or once its hold after an outage is over if later."""
+        held = self._held.get(lane)
+        if held is not None:
+            if held > due:
+                due = held
+            else:
+                del self._held[lane]
+        self.queue.schedule(lane, due)
 
     async def poll(self, stop: asyncio.Event) -> None:
         """The fallback for lost notifications: probe every owned lane each poll_interval."""
@@ -286,8 +319,12 @@ class StoreRuntime:
             )
         # An empty lane or one a batch drained waits for a notification or the next poll.
         quiet = result.scan is Scan.EMPTY or (result.scan is Scan.SENT and result.next_in > 0)
+        now = self.now()
+        if result.scan in (Scan.UNAVAILABLE, Scan.FAILED):
+            self._held[lane] = now + result.next_in
+        else:
+            self._held.pop(lane, None)
         if lane in self.membership.lanes and not quiet:
-            now = self.now()
             if result.scan in (Scan.SENT, Scan.WAITING):
                 # Rows are left (the batch read a full batch or was cut short, or a probe just
                 # saw the head due): the next scan needs no probe to know that.
@@ -396,19 +433,49 @@ class StoreRuntime:
         finally:
             await listener.unsubscribe(self.store)
 
+    def tasks(self) -> list[Coroutine[Any, Any, None]]:
+        """What runs while the store is served, until ``halt`` is set: heartbeats, LISTEN and
+        the fallback poll."""
+        return [self.membership.run(self.halt), self.listen(self.halt), self.poll(self.halt)]
+
     async def open(self) -> None:
-        """Join: take the database's shared connections, check the schema, heartbeat."""
-        await self.database.attach(self.store)
+        """Take what the store needs, in order: its dispatch gate's connection, its transports
+        (one shared with other stores starts with the first), its database's shared
+        connections (the first store of the database reserves them in the worker's budget), a
+        schema check, a first heartbeat (the member joins) and the maintenance schedule. If a
+        step fails, what was taken is given back (``close``) and the error propagates."""
         try:
+            if self.gate is not None:
+                await self.gate.open()
+                self._gate_open = True
+            await self.shared.acquire(self.transports.values(), close_within=self.stop_budget())
+            self._transports_held = True
+            await self.database.attach(self.store)
+            self._attached = True
             async with self.housekeeping.connection("check the schema", urgent=True) as conn:
                 await RelayStore(self.store).prepare(conn)
             await self.membership.beat()
+            self._joined = True
+            self.maintenance.start()
         except BaseException:
-            await self.database.detach(self.store)
+            await self.close()
             raise
-        self.maintenance.start()
+        self.opened = True
 
-    async def close(self) -> None:
+    async def close(self, stop_by: float | None = None) -> None:
+        """Give back what ``open`` took: roll back batches still in flight, leave the
+        membership (releasing every lane), close the connections, the gate and the transports
+        no other store uses, within ``stop_by`` (time.monotonic(); default: half a lease from
+        now). Calling it again waits for the first call."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(stop_by))
+        await self._closing
+
+    async def _close(self, stop_by: float | None) -> None:
+        if stop_by is None:
+            stop_by = time.monotonic() + self.stop_budget()
+        self.opened = False
+        self.halt.set()
         # After a graceful stop no batch is left (the worker group waited for its scans); after
         # a cancellation, batches still in flight roll back first: leaving releases the lanes,
         # and a batch would hold its lanes' lease rows locked until it ended.
@@ -416,15 +483,27 @@ class StoreRuntime:
         if self._releasing is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._releasing
-        await self.membership.leave()
+        if self._joined:
+            await self.membership.leave()
         if self._waking is not None:
             self._waking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._waking
         await self.prober.close()
-        await self.database.detach(self.store)
+        if self._attached:  # the last store of the database out closes its connections
+            self._attached = False
+            await self.database.detach(self.store)
+        if self.gate is not None and self._gate_open:
+            await self.gate.close()
+        if self._transports_held:
+            within = max(stop_by - time.monotonic(), CLOSE_FLOOR)
+            await self.shared.release(self.transports.values(), close_within=within)
         for log in self._logs():
             log.flush()
+
+    def stop_budget(self) -> float:
+        """Seconds a stop may take: every batch in flight ends within half a lease."""
+        return self.store.lease_duration.total_seconds() / 2
 
     def _logs(self) -> tuple[ThrottledLog, ...]:
         """The throttled logs of this store's parts (their held-back counts are written by
@@ -458,10 +537,9 @@ class Worker:
         concurrency limits set with ``relayer queue``), one dispatcher connection per database.
         ConfigurationError if ``settings.max_connections`` cannot serve these stores.
         ``tracer_provider`` (an OpenTelemetry SDK TracerProvider) defaults to the global one;
-        without a configured provider the worker does no tracing work (relayer.tracing)."""
+        without a configured provider the worker does no tracing work (relayer.tracing).
+        ``stores`` may be empty when stores are added later (``add_store``)."""
         names = [store.name for store in stores]
-        if not names:
-            raise ConfigurationError("stores", names, "a worker needs at least one store")
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ConfigurationError(
@@ -479,27 +557,29 @@ class Worker:
         self.databases = Databases(self.settings, self.connections.limit)
         self._dispatchers: dict[DatabaseKey, DispatcherConnection] = {}
         built = transports if transports is not None else _build_transports(stores)
-        tracer = relay_tracer(tracer_provider)
-        self.runtimes: dict[str, StoreRuntime] = {
-            store.name: self._runtime(store, built.get(store.name, {}), tracer) for store in stores
-        }
-        self._gates = [] if cluster_state is not None else [self._gate(s) for s in stores]
+        self._tracer = relay_tracer(tracer_provider)
+        # Which stores use which transports (shared ones start once, close with their last).
+        self.shared_transports = SharedTransports()
+        # With the default cluster state, each store's queues are routed to its own gate.
+        self._routes: RoutedClusterState | None = None
         if cluster_state is None:
-            cluster_state = RoutedClusterState(
-                {
-                    queue: gate
-                    for gate in self._gates
-                    for queue in (gate.store.name, maintenance_queue(gate.store.name))
-                }
-            )
-        self._maintenance = {
-            runtime.maintenance.queue.name: runtime.maintenance
-            for runtime in self.runtimes.values()
-        }
+            cluster_state = self._routes = RoutedClusterState({})
+        self.runtimes: dict[str, StoreRuntime] = {}
+        self._maintenance: dict[str, Maintenance] = {}
+        self._weights: dict[str, int] = {}  # weights given to add_store
+        self._joining: dict[str, StoreSettings] = {}
+        self._leaving: set[str] = set()
+        self._store_tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
+        self._phase: Literal["new", "opening", "serving", "stopping", "stopped"] = "new"
+        # Readiness conditions of what serves the worker (a template's discovery): each
+        # returns None when satisfied, else why the worker is not ready.
+        self.readiness_checks: list[Callable[[], str | None]] = []
+        for store in stores:
+            self._register(self._runtime(store, built.get(store.name, {})))
         self.group: WorkerGroup[int] = WorkerGroup(
-            self._policy(names),
-            [runtime.queue for runtime in self.runtimes.values()]
-            + [maintenance.queue for maintenance in self._maintenance.values()],
+            self._policy(names) if names else None,
+            self._sources(),
             self._handle,
             pool_size=self.connections.slots,
             cluster_state=cluster_state,
@@ -508,15 +588,18 @@ class Worker:
         )
         self.started = asyncio.Event()
 
-    def _runtime(
-        self,
-        store: StoreSettings,
-        transports: Mapping[str, Transport],
-        tracer: RelayTracer | None,
-    ) -> StoreRuntime:
+    def _runtime(self, store: StoreSettings, transports: Mapping[str, Transport]) -> StoreRuntime:
         """A store's runtime on its database's shared connections."""
-        database = self.databases.get(store)
-        return StoreRuntime(store, transports, self.member, database, self.clock.now, tracer=tracer)
+        return StoreRuntime(
+            store,
+            transports,
+            self.member,
+            self.databases.get(store),
+            self.clock.now,
+            tracer=self._tracer,
+            gate=self._gate(store) if self._routes is not None else None,
+            shared=self.shared_transports,
+        )
 
     def _gate(self, store: StoreSettings) -> PostgresClusterState:
         """A store's cluster gate on its database's dispatcher connection (shared)."""
@@ -530,14 +613,59 @@ class Worker:
             )
         return PostgresClusterState(store, dispatcher=dispatcher)
 
+    def _replan(self, joining: StoreSettings | None = None) -> ConnectionPlan:
+        """The connection plan of the stores served, joining and, if given, ``joining`` (the
+        ConfigurationError of plan_connections if the budget cannot hold them), put in force:
+        the budget's limit (when computed) and the group's slots follow it."""
+        stores = [runtime.store for name, runtime in self.runtimes.items()]
+        stores += [store for name, store in self._joining.items() if name not in self.runtimes]
+        if joining is not None:
+            stores.append(joining)
+        plan = plan_connections(stores, self.settings, dispatcher=self._routes is not None)
+        self.connections = plan
+        self.databases.budget.set_limit(plan.limit)
+        self.group.pool_size = plan.slots
+        return plan
+
+    def _register(self, runtime: StoreRuntime) -> None:
+        name = runtime.store.name
+        self.runtimes[name] = runtime
+        self._maintenance[runtime.maintenance.queue.name] = runtime.maintenance
+        if self._routes is not None and runtime.gate is not None:
+            self._routes.route((name, maintenance_queue(name)), runtime.gate)
+
+    def _unregister(self, name: str) -> None:
+        runtime = self.runtimes.pop(name, None)
+        if runtime is not None:
+            self._maintenance.pop(runtime.maintenance.queue.name, None)
+        if self._routes is not None:
+            self._routes.unroute((name, maintenance_queue(name)))
+        self._weights.pop(name, None)
+        self._store_tasks.pop(name, None)
+
+    def _serving(self) -> list[StoreRuntime]:
+        """The stores the group dispatches: served, and not leaving."""
+        return [r for name, r in self.runtimes.items() if name not in self._leaving]
+
+    def _sources(self) -> list[MemoryQueue[int]]:
+        serving = self._serving()
+        return [r.queue for r in serving] + [r.maintenance.queue for r in serving]
+
+    async def _regroup(self) -> None:
+        """Give the group the stores served now (from its next pass on)."""
+        names = [runtime.store.name for runtime in self._serving()]
+        await self.group.reconfigure(self._policy(names) if names else None, self._sources())
+
     def _stopping(self) -> float:
         """Stop claiming jobs and admitting rows; when the stop must be done (every batch in
         flight ends within half a lease of its start, so by then)."""
+        self._phase = "stopping"
         self.group.stop()
         for runtime in self.runtimes.values():
             runtime.relay.stop()
-        longest = max(runtime.store.lease_duration for runtime in self.runtimes.values())
-        return time.monotonic() + longest.total_seconds() / 2
+            runtime.halt.set()
+        longest = max((runtime.stop_budget() for runtime in self.runtimes.values()), default=0.0)
+        return time.monotonic() + longest
 
     async def _finish_jobs(self, group: asyncio.Task[None], stop_by: float) -> None:
         """Let the running jobs finish until ``stop_by``; cancel what is left then (a batch
@@ -563,24 +691,39 @@ class Worker:
         if self.settings.policy == "strict":
             order = [name for name in self.settings.weights if name in names]
             return Strict(*maintenance, *order, *[name for name in names if name not in order])
-        weights = [(name, self.settings.weights.get(name, 1)) for name in names]
+        weights = [(name, self.weight(name)) for name in names]
         return Weighted(weights + [(queue, 1) for queue in maintenance])
+
+    def weight(self, name: str) -> int:
+        """Store ``name``'s weight in the Weighted group: the one add_store or set_weight gave,
+        else worker.weights, else 1."""
+        return self._weights.get(name) or self.settings.weights.get(name, 1)
 
     async def _handle(self, job: Job[int]) -> None:
         maintenance = self._maintenance.get(job.queue)
         if maintenance is not None:
             await maintenance.run(job.key)
             return
-        await self.runtimes[job.queue].scan(job.key)
+        runtime = self.runtimes.get(job.queue)
+        if runtime is not None:  # None: a job of a store that has left
+            await runtime.scan(job.key)
 
     def readiness(self) -> tuple[bool, str]:
         """Whether this worker serves every store: started, and each store's heartbeat
         succeeded within the last lease (the answer of ``/readyz``)."""
         if not self.started.is_set():
             return False, "starting"
-        lapsed = [name for name, runtime in self.runtimes.items() if runtime.membership.expired()]
+        lapsed = [
+            name
+            for name, runtime in self.runtimes.items()
+            if runtime.opened and runtime.membership.expired()
+        ]
         if lapsed:
             return False, "heartbeats failing for " + ", ".join(lapsed)
+        for check in self.readiness_checks:
+            reason = check()
+            if reason is not None:
+                return False, reason
         return True, "ready"
 
     @property
@@ -588,31 +731,159 @@ class Worker:
         """The lanes each store's membership currently gives this worker."""
         return {name: runtime.membership.lanes for name, runtime in self.runtimes.items()}
 
+    # -- stores joining and leaving ----------------------------------------------------------
+
+    async def add_store(
+        self,
+        store: StoreSettings,
+        transports: Mapping[str, Transport] | None = None,
+        *,
+        weight: int | None = None,
+    ) -> None:
+        """Serve ``store`` too. Before ``run`` it is registered (run opens it); while the
+        worker serves, its runtime opens now (schema check, membership join, connections;
+        a failure propagates and leaves nothing behind) and its queues join the group.
+        ``transports`` defaults to the store's own (built from its settings); ``weight`` to
+        worker.weights, else 1. ConfigurationError if the name is served already, UsageError
+        while the worker starts or stops."""
+        name = store.name
+        if name in self.runtimes or name in self._joining:
+            raise ConfigurationError(
+                "stores",
+                name,
+                "is named twice; store names are case-sensitive and unique in a process",
+            )
+        if weight is not None and (isinstance(weight, bool) or weight < 1):
+            raise ConfigurationError(f"stores.{name}.weight", weight, "weights are >= 1")
+        if self._phase not in ("new", "serving"):
+            raise UsageError(
+                f"store {name!r} cannot join worker {self.member} while it is {self._phase}; "
+                "add it before run() or once worker.started is set"
+            )
+        if transports is None:
+            transports = _build_transports([store])[name]
+        self._replan(store)  # refused if the budget has no room for its database
+        runtime = self._runtime(store, transports)
+        if weight is not None:
+            self._weights[name] = weight
+        if self._phase == "new":
+            self._register(runtime)
+            await self._regroup()
+            return
+        self._joining[name] = store
+        try:
+            await runtime.open()
+            if self._phase != "serving":  # the worker began stopping meanwhile
+                await runtime.close()
+                raise UsageError(f"worker {self.member} stopped while store {name!r} joined")
+        except BaseException:
+            self._weights.pop(name, None)
+            self._joining.pop(name, None)
+            self._replan()
+            raise
+        finally:
+            self._joining.pop(name, None)
+        self._register(runtime)
+        self._start_tasks(runtime)
+        await self._regroup()
+        logger.info(
+            "worker %s serving store %s too",
+            self.member,
+            name,
+            extra={"action": "store_join", "member": self.member, "store": name},
+        )
+
+    async def set_weight(self, name: str, weight: int | None) -> None:
+        """Change store ``name``'s weight (None: back to worker.weights, else 1) from the
+        group's next pass on; its credit so far is kept."""
+        if name not in self.runtimes:
+            raise UsageError(f"store {name!r} is not served by worker {self.member}")
+        if weight is None:
+            self._weights.pop(name, None)
+        else:
+            self._weights[name] = weight
+        await self._regroup()
+
+    async def remove_store(self, name: str) -> None:
+        """Stop serving store ``name``, gracefully: its queues leave the group (no new scan),
+        its batches in flight admit no new row and finish (within half a lease, then they are
+        rolled back), then it leaves the membership (releasing its lanes) and closes its
+        connections and the transports no other store uses."""
+        runtime = self.runtimes.get(name)
+        if runtime is None or name in self._leaving:
+            raise UsageError(f"store {name!r} is not served by worker {self.member}")
+        if self._phase == "new":
+            self._unregister(name)
+            self._replan()
+            await self._regroup()
+            return
+        if self._phase != "serving":
+            raise UsageError(
+                f"store {name!r} cannot leave worker {self.member} while it is {self._phase}"
+            )
+        self._leaving.add(name)
+        try:
+            await self._regroup()
+            runtime.relay.stop()
+            stop_by = time.monotonic() + runtime.stop_budget()
+            await self._drained(runtime, stop_by)
+            runtime.halt.set()
+            tasks = self._store_tasks.get(name, [])
+            if tasks:
+                await asyncio.wait(tasks)
+            await runtime.close(stop_by)
+        finally:
+            self._leaving.discard(name)
+            self._unregister(name)
+            self._replan()  # its database's connections are closed if it was the last one
+        logger.info(
+            "worker %s no longer serves store %s",
+            self.member,
+            name,
+            extra={"action": "store_leave", "member": self.member, "store": name},
+        )
+
+    async def _drained(self, runtime: StoreRuntime, stop_by: float) -> None:
+        """Wait until the store's running jobs have finished, at most until ``stop_by`` (its
+        close then rolls back the batches still in flight)."""
+        finished = asyncio.gather(
+            self.group.finished(runtime.queue), self.group.finished(runtime.maintenance.queue)
+        )
+        try:
+            await asyncio.wait_for(finished, max(stop_by - time.monotonic(), 0.0))
+        except TimeoutError:
+            logger.warning(
+                "store %s: jobs still running half a lease after it began leaving worker %s "
+                "are rolled back; their rows are sent by the next owner",
+                runtime.store.name,
+                self.member,
+                extra={"action": "stop_cancelled", "store": runtime.store.name},
+            )
+
+    def _start_tasks(self, runtime: StoreRuntime) -> None:
+        assert self._spawn is not None
+        self._store_tasks[runtime.store.name] = [self._spawn(task) for task in runtime.tasks()]
+
+    # -- running -----------------------------------------------------------------------------
+
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Serve until ``stop`` is set (or the task is cancelled), then shut down gracefully:
         finish the batches in flight, release every lane and leave the membership."""
         stop = stop or asyncio.Event()
         stop_by: float | None = None
+        if self._phase != "new":
+            raise UsageError(f"worker {self.member} has run already; create a new Worker")
         self.group.validate()
-        transports = {id(t): t for r in self.runtimes.values() for t in r.transports.values()}
-        started_transports: list[Transport] = []
-        opened: list[StoreRuntime] = []
-        gates: list[PostgresClusterState] = []
+        self._phase = "opening"
         serving = False
         try:
-            for gate in self._gates:
-                await gate.open()
-                gates.append(gate)
-            for transport in transports.values():
-                await transport.start()
-                started_transports.append(transport)
-            for runtime in self.runtimes.values():
+            for runtime in list(self.runtimes.values()):
                 await runtime.open()
-                opened.append(runtime)
+            names = ", ".join(self.runtimes) or "no store yet"
             logger.info(
                 "worker %s serving %s",
                 self.member,
-                ", ".join(self.runtimes),
+                names,
                 extra={"action": "start", "member": self.member},
             )
             logger.info(
@@ -623,26 +894,26 @@ class Worker:
             )
             serving = True
             async with asyncio.TaskGroup() as tasks:
-                for runtime in opened:
-                    tasks.create_task(runtime.membership.run(stop))
-                    tasks.create_task(runtime.listen(stop))
-                    tasks.create_task(runtime.poll(stop))
+                self._spawn = tasks.create_task
+                for runtime in self.runtimes.values():
+                    self._start_tasks(runtime)
                 group = tasks.create_task(self.group.run())
+                self._phase = "serving"
                 self.started.set()
                 await stop.wait()
                 stop_by = self._stopping()
                 await self._finish_jobs(group, stop_by)
         finally:
+            self._spawn = None
             stop.set()
             if stop_by is None:
                 stop_by = self._stopping()
-            for runtime in opened:
-                await runtime.close()
-            for gate in gates:
-                await gate.close()
             # Together: a stalled broker's transport must not use up the others' time.
-            within = max(stop_by - time.monotonic(), CLOSE_FLOOR)
-            await asyncio.gather(*(_close(transport, within) for transport in started_transports))
+            closed = await asyncio.gather(
+                *(runtime.close(stop_by) for runtime in self.runtimes.values()),
+                return_exceptions=True,
+            )
+            self._phase = "stopped"
             # A start-up failure is reported by whoever awaited run() (the CLI prints it): an
             # INFO "stopped" line just before that error would only confuse.
             logger.log(
@@ -651,32 +922,9 @@ class Worker:
                 self.member,
                 extra={"action": "stop"},
             )
-
-
-async def _close(transport: Transport, seconds: float) -> None:
-    """Close ``transport`` within ``seconds`` (what is left of the stop budget): through its
-    ``close_within`` if it has one, else its ``close``, abandoned after that long."""
-    try:
-        if isinstance(transport, ClosesWithin):
-            await transport.close_within(seconds)
-        else:
-            async with asyncio.timeout(seconds):
-                await transport.close()
-    except TimeoutError:
-        logger.warning(
-            "transport %s did not close within %.1f s (the rest of the stop budget); abandoned: "
-            "its unacknowledged rows are sent again by the next owner",
-            transport.name,
-            seconds,
-            extra={"action": "transport_close_failed"},
-        )
-    except Exception as exc:
-        logger.warning(
-            "closing transport %s failed: %s",
-            transport.name,
-            exc,
-            extra={"action": "transport_close_failed"},
-        )
+        for outcome in closed:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 def _build_transports(stores: Sequence[StoreSettings]) -> dict[str, dict[str, Transport]]:

@@ -30,7 +30,14 @@ class Context:
         return load_settings(self.arguments.config)
 
     def store(self, name: str) -> StoreSettings:
-        return self.settings.store(name)
+        """A configured store, or ``TEMPLATE.NAME``: a store a template's source lists now."""
+        settings = self.settings
+        template = name.partition(".")[0]
+        if name not in settings.stores and "." in name and template in settings.templates:
+            from relayer.fleet.sources import find_store
+
+            return find_store(settings.template(template), name)
+        return settings.store(name)
 
 
 def tcp_port(text: str) -> int:

@@ -19,6 +19,7 @@ from relayer.errors import UsageError
 SHELLS = ("bash", "zsh", "fish")
 FILES = "__files__"  # a value that is a file name
 STORES = "__stores__"  # a positional that is a store name
+TEMPLATES = "__templates__"  # a value that is a template name
 
 
 def register(commands: Any) -> None:
@@ -28,6 +29,7 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("shell", nargs="?", choices=SHELLS, help="the shell to complete in")
     parser.add_argument("--list-stores", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--list-templates", action="store_true", help=argparse.SUPPRESS)
     parser.set_defaults(handler=_completion, without_settings=True)
 
 
@@ -35,6 +37,9 @@ async def _completion(context: Context) -> int:
     arguments = context.arguments
     if arguments.list_stores:  # what the scripts ask for the names of STORE
         print("\n".join(context.settings.stores))
+        return EXIT_OK
+    if arguments.list_templates:  # and of --template NAME
+        print("\n".join(context.settings.templates))
         return EXIT_OK
     if arguments.shell is None:
         raise UsageError(
@@ -82,6 +87,8 @@ def walk(parser: argparse.ArgumentParser, path: str = "", text: str = "") -> lis
             values: tuple[str, ...] = tuple(str(choice) for choice in action.choices or ())
             if action.dest in ("config", "token_file"):
                 values = (FILES,)
+            elif action.dest == "template":
+                values = (TEMPLATES,)
             command.options.append(
                 Option(tuple(action.option_strings), action.help or "", values, action.nargs != 0)
             )
@@ -154,6 +161,10 @@ _relayer() {{
         values=$(_relayer_values "$path" "$prev")
         case $values in
             {FILES}) COMPREPLY=($(compgen -f -- "$cur")) ;;
+            {TEMPLATES})
+                values=$(relayer ${{config:+--config "$config"}} completion --list-templates \
+                    2>/dev/null)
+                COMPREPLY=($(compgen -W "$values" -- "$cur")) ;;
             -) ;;
             *) COMPREPLY=($(compgen -W "$values" -- "$cur")) ;;
         esac
@@ -222,6 +233,13 @@ def fish(tree: list[Command]) -> str:
         "    and set config --config $words[(math $index + 1)]",
         "    relayer $config completion --list-stores 2>/dev/null",
         "end",
+        "function __relayer_templates",
+        "    set -l words (commandline -opc)",
+        "    set -l config",
+        "    set -l index (contains -i -- --config $words)",
+        "    and set config --config $words[(math $index + 1)]",
+        "    relayer $config completion --list-templates 2>/dev/null",
+        "end",
         "complete -c relayer -f",
     ]
     for command in tree:
@@ -235,6 +253,8 @@ def fish(tree: list[Command]) -> str:
             )
             if option.values == (FILES,):
                 kind = "-r -F"
+            elif option.values == (TEMPLATES,):
+                kind = "-x -a '(__relayer_templates)'"
             elif option.values:
                 kind = f"-x -a {_fish_quote(' '.join(option.values))}"
             else:

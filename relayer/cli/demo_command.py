@@ -7,7 +7,6 @@ import logging
 from typing import Any
 
 from relayer.cli.common import EXIT_OK, Context
-from relayer.demo import run_demo
 
 
 def register(commands: Any) -> None:
@@ -33,6 +32,8 @@ def register(commands: Any) -> None:
 
 
 async def _demo(context: Context) -> int:
+    from relayer.demo import run_demo  # the worker, brokers, embedded services: on use only
+
     arguments = context.arguments
     if arguments.log_level is None:
         # The demo narrates what happens; workers' routine INFO lines would drown it.

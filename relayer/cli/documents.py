@@ -18,7 +18,7 @@ from relayer.dispatch.policies import ALL_QUEUES
 from relayer.health import StoreHealth
 from relayer.parked import ParkedKey
 from relayer.schema import Drift
-from relayer.status import StoreStatus
+from relayer.status import StoreStatus, StoreSummary
 
 Document = dict[str, Any]
 
@@ -78,6 +78,26 @@ def health(found: StoreHealth) -> Document:
         "unordered_max_attempts": found.unordered_max_attempts,
         "unordered_last_error": found.unordered_last_error,
         "warnings": list(found.warnings),
+    }
+
+
+def fleet(summaries: list[StoreSummary]) -> Document:
+    """``relayer status --all``: one entry per store, worst first; ``error`` is null for a
+    store that was read."""
+    return {
+        "read_at": now(),
+        "stores": [
+            {
+                "store": summary.store,
+                "pending": summary.pending,
+                "oldest_age_seconds": summary.oldest_age_seconds,
+                "parked": summary.parked,
+                "waiting_for_operator": summary.waiting_for_operator,
+                "members": summary.members,
+                "error": summary.error or None,
+            }
+            for summary in summaries
+        ],
     }
 
 

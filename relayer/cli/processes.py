@@ -193,6 +193,8 @@ def child_command(arguments: argparse.Namespace, index: int) -> list[str]:
         if value:
             command += [option, value]
     command += ["run", *arguments.stores, "--processes", "1"]
+    if arguments.template:
+        command += ["--template", ",".join(arguments.template)]
     if arguments.instance_id:
         command += ["--instance-id", f"{arguments.instance_id}-{index}"]
     port = arguments.metrics_port

@@ -1,5 +1,7 @@
 """``relayer run STORE [STORE ...]``: a worker process until SIGTERM/SIGINT, or with
-``--processes N`` that many, supervised (relayer.cli.processes)."""
+``--processes N`` that many, supervised (relayer.cli.processes). ``--template NAME`` serves
+every store the template's discovery source yields as well (relayer.fleet), joining and
+leaving as the source changes."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from relayer.cli.common import (
 )
 from relayer.cli.processes import STOP_MARGIN, Supervisor, child_command, stop_with_supervisor
 from relayer.errors import UsageError
+from relayer.fleet.templates import TemplateSettings
 from relayer.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES
 from relayer.settings import StoreSettings
 from relayer.worker import Worker
@@ -35,13 +38,25 @@ def register(commands: Any) -> None:
         "run",
         help="relay the stores' outbox rows until SIGTERM/SIGINT (then finish and leave)",
     )
-    parser.add_argument("stores", nargs="+", metavar="STORE", help="stores to serve")
+    parser.add_argument(
+        "stores", nargs="*", metavar="STORE", help="stores to serve (optional with --template)"
+    )
     # Every option also comes from the environment (docs/cli.md#run), for containers.
     environment_option(
         parser,
         "--instance-id",
         variable="RELAYER_INSTANCE_ID",
         help="member id (default: host:pid:random; with --processes, ID-0, ID-1, ...)",
+    )
+    environment_option(
+        parser,
+        "--template",
+        variable="RELAYER_TEMPLATE",
+        parse=_template_names,
+        default=(),
+        metavar="NAME[,NAME...]",
+        help="also serve every store these templates' discovery sources yield, as they come "
+        "and go (docs/fleet.md)",
     )
     environment_option(
         parser,
@@ -93,19 +108,32 @@ def register(commands: Any) -> None:
 
 async def _run(context: Context) -> int:
     arguments = context.arguments
+    if not arguments.stores and not arguments.template:
+        raise UsageError(
+            "run: which stores? give STORE names, or --template NAME (RELAYER_TEMPLATE) to "
+            "serve the stores a template's discovery source yields"
+        )
     stores = [context.store(name) for name in arguments.stores]
+    templates = [context.settings.template(name) for name in arguments.template]
     # Built before anything starts, also by the parent of --processes: every configuration
-    # error (stores, transports, worker settings) is reported once, before any child runs.
+    # error (stores, templates, transports, worker settings) is reported once, before any
+    # child runs.
     worker = Worker(stores, settings=context.settings.worker, instance_id=arguments.instance_id)
+    _check_transports(templates)
     if arguments.processes > 1:
-        return await _supervise(arguments, stores)
+        return await _supervise(arguments, [*stores, *templates])
     if not stop_with_supervisor():
         return EXIT_RUNTIME  # started by a supervisor that is gone already
     with _stop_on_signals("finishing batches in flight, then leaving") as stop:
         metrics = await _serve_metrics(worker, arguments, stop)
-        warnings = asyncio.create_task(_warn_once_started(worker, stores))
+        warnings = asyncio.create_task(_warn_once_started(worker, [*stores, *templates]))
         try:
-            await worker.run(stop)
+            if templates:
+                from relayer.fleet.discovery import Fleet
+
+                await Fleet(worker, templates).run(stop)
+            else:
+                await worker.run(stop)
         finally:
             stop.set()
             warnings.cancel()
@@ -173,14 +201,26 @@ async def _warn_once_started(worker: Worker, stores: list[StoreSettings]) -> Non
     await worker.started.wait()
     for store in stores:
         if store.default_transport is None:
+            section = "templates" if isinstance(store, TemplateSettings) else "stores"
             logger.warning(
-                "store %s has no default_transport: rows that name no transport will be parked "
-                "until it is set; set stores.%s.default_transport, or pass transport=... to "
+                "%s %s has no default_transport: rows that name no transport will be parked "
+                "until it is set; set %s.%s.default_transport, or pass transport=... to "
                 "every write",
+                "template" if section == "templates" else "store",
                 store.name,
+                section,
                 store.name,
                 extra={"action": "no_default_transport", "store": store.name},
             )
+
+
+def _check_transports(templates: list[TemplateSettings]) -> None:
+    """Build (and drop) each template's transports once: a bad transport setting is a
+    configuration error now, not a warning for every store later."""
+    from relayer.transports.registry import create_transports
+
+    for template in templates:
+        create_transports(template)
 
 
 async def _serve_metrics(
@@ -197,6 +237,13 @@ async def _serve_metrics(
     )
     await metrics.serve(arguments.metrics_host, arguments.metrics_port)
     return asyncio.create_task(metrics.run(stop))
+
+
+def _template_names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no template (NAME or NAME,NAME)")
+    return names
 
 
 def _processes(text: str) -> int:

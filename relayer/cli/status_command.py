@@ -1,5 +1,6 @@
 """``relayer status STORE``: members, lane owners, pending rows per lane, parked keys, health;
-with ``--check`` (or ``--max-lag``) a health check's exit status."""
+``relayer status --all``: one line per store, worst first; with ``--check`` (or ``--max-lag``)
+a health check's exit status."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context, positive_seconds
 from relayer.connection import connect
+from relayer.errors import ConfigurationError, UsageError
 from relayer.health import StoreHealth
-from relayer.status import StoreStatus, read_status
+from relayer.settings import StoreSettings
+from relayer.status import StoreStatus, StoreSummary, read_status, read_summaries
 
 
 def register(commands: Any) -> None:
@@ -18,7 +21,13 @@ def register(commands: Any) -> None:
         "status",
         help="members, lane owners, pending rows and oldest age per lane, parked keys, health",
     )
-    parser.add_argument("store")
+    parser.add_argument("store", nargs="?", help="the store to show (or --all)")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="one line per store, configured or listed by a template's source (pending, "
+        "oldest age, parked keys, members), worst first",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--check",
@@ -38,6 +47,12 @@ def register(commands: Any) -> None:
 async def _status(context: Context) -> int:
     arguments = context.arguments
     checking = arguments.check or arguments.max_lag is not None
+    if arguments.all:
+        if arguments.store is not None:
+            raise UsageError(f"give a store ({arguments.store!r}) or --all, not both")
+        return await _status_all(context, checking)
+    if arguments.store is None:
+        raise UsageError("give the store to show, or --all for every configured store")
     store = context.store(arguments.store)
     async with await connect(store, purpose="status") as conn:
         found = [await read_status(conn, store)]
@@ -52,6 +67,95 @@ async def _status(context: Context) -> int:
         if checking:
             print(render_check(problems))
     return EXIT_RUNTIME if checking and problems else EXIT_OK
+
+
+async def fleet_stores(context: Context) -> tuple[list[StoreSettings], list[StoreSummary]]:
+    """The stores ``status --all`` reads: every configured store and every store a template's
+    source lists now; and a line for each source that cannot be read or row that breaks a
+    rule (the command still reports the others)."""
+    from relayer.fleet.sources import DiscoveryError, read_source
+    from relayer.fleet.templates import store_from_row
+
+    settings = context.settings
+    if not settings.stores and not settings.templates:
+        raise UsageError(
+            "no store or template is configured: give a TOML file with --config FILE or "
+            "RELAYER_CONFIG"
+        )
+    stores = [settings.store(name) for name in settings.stores]
+    problems: list[StoreSummary] = []
+    for name in settings.templates:
+        template = settings.template(name)
+        try:
+            rows = await read_source(template)
+        except DiscoveryError as exc:
+            problems.append(StoreSummary(f"{name}.*", error=f"its source cannot be read: {exc}"))
+            continue
+        for row in rows:
+            try:
+                if isinstance(row, ConfigurationError):
+                    raise row
+                stores.append(store_from_row(template, row).settings)
+            except ConfigurationError as exc:
+                problems.append(StoreSummary(f"{name}.?", error=f"a row is skipped: {exc}"))
+    return stores, problems
+
+
+async def _status_all(context: Context, checking: bool) -> int:
+    max_lag = context.arguments.max_lag
+    stores, unread = await fleet_stores(context)
+    summaries = sorted([*unread, *await read_summaries(stores)], key=lambda found: found.rank)
+    problems = [problem for summary in summaries for problem in check_summary(summary, max_lag)]
+    if context.arguments.json:
+        document = documents.fleet(summaries)
+        if checking:
+            document["check"] = check_document(problems, max_lag)
+        print(documents.dumps(document))
+    else:
+        print(render_fleet(summaries))
+        if checking:
+            print(render_check(problems))
+    return EXIT_RUNTIME if checking and problems else EXIT_OK
+
+
+def check_summary(summary: StoreSummary, max_lag: float | None) -> list[str]:
+    """What fails ``status --all --check`` for one store: it cannot be read, keys wait for an
+    operator, or (with ``max_lag``) its oldest row waited longer."""
+    problems: list[str] = []
+    if summary.error:
+        problems.append(f"store {summary.store!r}: cannot be read: {summary.error}")
+    if summary.parked:
+        problems.append(
+            f"store {summary.store!r}: {summary.parked} parked key(s), "
+            f"{summary.waiting_for_operator} waiting for an operator "
+            f"(`relayer parked list {summary.store}`)"
+        )
+    if max_lag is not None and summary.oldest_age_seconds > max_lag:
+        problems.append(
+            f"store {summary.store!r}: the oldest row has waited "
+            f"{summary.oldest_age_seconds:,.1f} s, more than --max-lag {max_lag:g} s"
+        )
+    return problems
+
+
+def render_fleet(summaries: list[StoreSummary]) -> str:
+    """One line per store, worst first (as read_summaries orders them)."""
+    width = max([len("store"), *(len(summary.store) for summary in summaries)])
+    lines = [
+        f"{'store':<{width}}  {'pending':>10}  {'oldest s':>10}  {'parked':>6}  "
+        f"{'operator':>8}  {'members':>7}"
+    ]
+    for summary in summaries:
+        if summary.error:
+            error = summary.error.removeprefix(f"store {summary.store!r}: ")
+            lines.append(f"{summary.store:<{width}}  cannot be read: {error}")
+            continue
+        lines.append(
+            f"{summary.store:<{width}}  {summary.pending:>10,}  "
+            f"{summary.oldest_age_seconds:>10,.1f}  {summary.parked:>6,}  "
+            f"{summary.waiting_for_operator:>8,}  {summary.members:>7,}"
+        )
+    return "\n".join(lines)
 
 
 def check(status: StoreStatus, max_lag: float | None) -> list[str]:

@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -38,6 +39,7 @@ from relayer.dashboard.lanes import STATE_NAMES
 from relayer.dashboard.sampler import Snapshot, StoreSampler
 from relayer.dashboard.security import Access, SecurityHeaders, Viewer
 from relayer.settings import StoreSettings
+from relayer.status import StoreSummary, read_summaries
 
 HEALTH_TTL = 10.0  # seconds a table-health reading is reused
 STREAM_TIMEOUT = 15.0  # a stream with no new snapshot re-checks its client this often
@@ -98,6 +100,8 @@ class Dashboard:
         )
         self.templates.filters.update(FILTERS)
         self._tasks: list[asyncio.Task[None]] = []
+        self._fleet: tuple[float, datetime, list[StoreSummary]] | None = None
+        self._fleet_lock = asyncio.Lock()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -115,6 +119,17 @@ class Dashboard:
                 await task
         for context in self.contexts.values():
             await context.pool.close()
+
+    async def fleet(self) -> tuple[datetime, list[StoreSummary]]:
+        """Every store's ``status --all`` line, worst first, read at most once per
+        ``interval`` however many pages ask (on connections of their own, one per database:
+        the fleet page must not wait behind a store's sampler)."""
+        async with self._fleet_lock:
+            if self._fleet is None or time.monotonic() - self._fleet[0] > self.interval:
+                stores = [context.store for context in self.contexts.values()]
+                summaries = await read_summaries(stores)
+                self._fleet = (time.monotonic(), datetime.now(UTC), summaries)
+            return self._fleet[1], self._fleet[2]
 
     # -- rendering ------------------------------------------------------------------------
 

@@ -99,7 +99,13 @@ def routes(dashboard: Dashboard) -> list[Route]:
         return wrapper
 
     async def home(request: Request) -> Response:
+        if len(d.contexts) > 1:
+            return RedirectResponse("/fleet", status_code=303)
         return RedirectResponse(f"/s/{next(iter(d.contexts))}/overview", status_code=303)
+
+    async def fleet(request: Request) -> Response:
+        read_at, summaries = await d.fleet()
+        return html("fleet.html", request, fleet=True, summaries=summaries, read_at=read_at)
 
     async def overview(request: Request) -> Response:
         return await page(request, "overview", "overview.html")
@@ -345,6 +351,7 @@ def routes(dashboard: Dashboard) -> list[Route]:
         route("/login", login_form),
         route("/login", login, post),
         route("/logout", logout, post),
+        route("/fleet", fleet),
         route("/s/{store}/overview", overview),
         route("/s/{store}/lanes", lanes),
         route("/s/{store}/lanes/{lane}", lane),

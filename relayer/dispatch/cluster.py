@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -99,6 +99,16 @@ class RoutedClusterState:
 
     def gate_for(self, queue: str) -> ClusterState | None:
         return self._routes.get(queue, self._default)
+
+    def route(self, queues: Iterable[str], gate: ClusterState) -> None:
+        """Send ``queues`` to ``gate`` from the next claim on (a store joins the worker)."""
+        for queue in queues:
+            self._routes[queue] = gate
+
+    def unroute(self, queues: Iterable[str]) -> None:
+        """Forget the routes of ``queues`` (a store left: its jobs and slots are done)."""
+        for queue in queues:
+            self._routes.pop(queue, None)
 
     async def acquire(self, request: ClaimRequest) -> ClaimResult:
         groups: dict[int, tuple[ClusterState | None, list[int]]] = {}

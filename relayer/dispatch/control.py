@@ -20,10 +20,12 @@ from typing import Any
 
 import psycopg
 
+from relayer.connection import connect
 from relayer.dispatch.policies import ALL_QUEUES, InvalidDispatchError, check_queue_name
-from relayer.errors import ConfigurationError, SchemaNotAppliedError
+from relayer.errors import ConfigurationError, DispatchError, SchemaNotAppliedError
 from relayer.identifiers import StoreNames
 from relayer.lanes import fnv1a_32
+from relayer.redact import redact
 from relayer.schema import read_meta, verify_meta
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
@@ -202,3 +204,23 @@ class QueueControl:
             "reason": reason,
         }
         await self._conn.execute(self._queries["queue_set_pause"], params)
+
+
+async def ensure_limit(store: StoreSettings, limit: int | None, *, by: str, reason: str) -> bool:
+    """Make ``limit`` the cluster-wide concurrency limit of ``store``'s queue (its lane scans)
+    unless it is already; True when it was changed (one audit row). A connection is opened for
+    the change and closed after it; StoreError or DispatchError on failure."""
+    async with await connect(store, purpose=f"{store.name}:limit") as conn:
+        control = QueueControl(conn, store.names)
+        try:
+            states = await control.status([store.name])
+            current = next(state.limit for state in states if state.queue == store.name)
+            if current == check_limit(limit):
+                return False
+            await control.set_limit(store.name, limit, reason=reason, by=by)
+        except psycopg.Error as exc:
+            raise DispatchError(
+                f"store {store.name!r}: setting its concurrency limit failed: "
+                f"{redact(str(exc)).strip()}"
+            ) from exc
+    return True

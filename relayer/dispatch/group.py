@@ -6,6 +6,11 @@ PostgresClusterState), issues one claim per queue with a positive allocation and
 task per job. Between passes the group sleeps until a slot frees, a source reports earlier
 work, the earliest due time comes, or, while a due queue was refused (paused, at its limit,
 unreachable), ``recheck_interval`` has passed.
+
+``reconfigure`` changes the policy and the sources between two passes (queues join and leave a
+running group): a queue that stays keeps its served count and its Weighted credit, and the jobs
+still running for a queue that left keep their slots until they finish (``finished`` waits for
+them). A fixed set of queues is dispatched exactly as if the group had never been reconfigured.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from relayer.dispatch.policies import (
     DEFAULT_POOL_SIZE,
     InvalidDispatchError,
     Policy,
+    check_pool_size,
     configured_shares,
     validate,
 )
@@ -49,12 +55,13 @@ class WorkerGroup(Generic[KeyT]):
 
     The policy and pool size are validated when the group starts (``run`` or ``validate``).
     A handler's exception is logged and never stops the group. ``stop()`` ends the claiming;
-    ``run`` then returns once the running handlers have finished.
+    ``run`` then returns once the running handlers have finished. A group whose policy is None
+    (with no sources) serves no queue until ``reconfigure`` gives it some.
     """
 
     def __init__(
         self,
-        policy: Policy,
+        policy: Policy | None,
         sources: Iterable[JobSource[KeyT]],
         handler: Handler[KeyT],
         *,
@@ -80,6 +87,13 @@ class WorkerGroup(Generic[KeyT]):
         self._served: list[int] = []
         self._running: list[int] = []
         self._gates: list[GateState | None] = []
+        # Jobs running per source (by id; a running job keeps its source alive), whether the
+        # source is still one of the group's or left it in a reconfigure.
+        self._jobs_of: dict[int, int] = {}
+        self._index: dict[int, int] = {}  # id(source) -> its index among the current sources
+        self._pending: tuple[Policy | None, tuple[JobSource[KeyT], ...]] | None = None
+        self._pending_waiters: list[asyncio.Future[None]] = []
+        self._drain_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._wake = asyncio.Event()
         self._stopping = False
         self._active = False
@@ -96,14 +110,33 @@ class WorkerGroup(Generic[KeyT]):
 
     def validate(self) -> None:
         """Check the policy, the pool size and that each queue has exactly one source."""
-        queues = validate(self.policy, self.pool_size)
+        queues, sources = self._checked(self.policy, self._given_sources)
+        self._queues = queues
+        self._sources = sources
+        self._index = {id(source): index for index, source in enumerate(sources)}
+        if self._planner is None and self.policy is not None:
+            self._planner = Planner(self.policy)
+        if len(self._served) != len(queues):
+            self._served = [0] * len(queues)
+            self._running = [0] * len(queues)
+            self._gates = [None] * len(queues)
+
+    def _checked(
+        self, policy: Policy | None, given: Sequence[JobSource[KeyT]]
+    ) -> tuple[tuple[str, ...], tuple[JobSource[KeyT], ...]]:
+        """The queues of ``policy`` and their sources in that order, once each is checked."""
+        if policy is None:
+            check_pool_size(self.pool_size)
+            queues: tuple[str, ...] = ()
+        else:
+            queues = validate(policy, self.pool_size)
         if not isinstance(self.recheck_interval, int | float) or self.recheck_interval <= 0:
             raise InvalidDispatchError(
                 f"A worker group's recheck_interval must be > 0 seconds, got "
                 f"{self.recheck_interval!r}."
             )
         by_name: dict[str, JobSource[KeyT]] = {}
-        for source in self._given_sources:
+        for source in given:
             if source.name in by_name:
                 raise InvalidDispatchError(
                     f"Worker group {self.name!r} has two sources named {source.name!r}; "
@@ -117,14 +150,77 @@ class WorkerGroup(Generic[KeyT]):
                 f"Worker group {self.name!r}: the policy serves queues {list(queues)} but the "
                 f"sources are {list(by_name)}; give exactly one source per queue of the policy."
             )
+        return queues, tuple(by_name[queue] for queue in queues)
+
+    async def reconfigure(self, policy: Policy | None, sources: Iterable[JobSource[KeyT]]) -> None:
+        """Serve ``sources`` with ``policy`` from the next pass on (None and no sources: serve
+        nothing); returns once that is in force. Checked at once like ``validate``
+        (InvalidDispatchError). A queue whose source stays keeps its served count and credit;
+        the running jobs of a source that leaves keep their slots until they end (``finished``
+        waits for them), and the source is told of each as usual."""
+        given = tuple(sources)
+        self._checked(policy, given)
+        if not self._active:
+            self._apply(policy, given)
+            return
+        self._pending = (policy, given)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending_waiters.append(future)
+        self._wake.set()
+        await future
+
+    async def finished(self, source: JobSource[KeyT]) -> None:
+        """Return once no job claimed from ``source`` is running (at once if none is)."""
+        if not self._jobs_of.get(id(source)):
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._drain_waiters.setdefault(id(source), []).append(future)
+        await future
+
+    def _apply_pending(self) -> None:
+        if self._pending is None:
+            return
+        (policy, given), self._pending = self._pending, None
+        self._apply(policy, given)
+        waiters, self._pending_waiters = self._pending_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _apply(self, policy: Policy | None, given: tuple[JobSource[KeyT], ...]) -> None:
+        queues, sources = self._checked(policy, given)
+        kept = {id(source) for source in sources}
+        served: list[int] = []
+        gates: list[GateState | None] = []
+        for queue, source in zip(queues, sources, strict=True):
+            index = self._index.get(id(source))
+            if index is not None and self._queues[index] == queue:
+                served.append(self._served[index])
+                gates.append(self._gates[index])
+            else:
+                served.append(0)
+                gates.append(None)
+        if self._active:  # listening: the sources that leave stop waking it, new ones start
+            for source in self._sources:
+                if id(source) not in kept:
+                    source.unlisten(self.wake)
+            for source in sources:
+                if id(source) not in self._index:
+                    source.listen(self.wake)
+        self.policy = policy
+        self._given_sources = given
         self._queues = queues
-        self._sources = tuple(by_name[queue] for queue in queues)
-        if self._planner is None:
-            self._planner = Planner(self.policy)
-        if len(self._served) != len(queues):
-            self._served = [0] * len(queues)
-            self._running = [0] * len(queues)
-            self._gates = [None] * len(queues)
+        self._sources = sources
+        self._index = {id(source): index for index, source in enumerate(sources)}
+        self._served = served
+        self._running = [self._jobs_of.get(id(source), 0) for source in sources]
+        self._gates = gates
+        if policy is None:
+            self._planner = None
+        elif self._planner is None:
+            self._planner = Planner(policy)
+        else:
+            self._planner = self._planner.carried_to(policy)
 
     @property
     def clock(self) -> Clock:
@@ -133,7 +229,8 @@ class WorkerGroup(Generic[KeyT]):
 
     @property
     def running(self) -> int:
-        return sum(self._running)
+        """Jobs running now, those of queues that left in a reconfigure included."""
+        return sum(self._jobs_of.values())
 
     @property
     def free(self) -> int:
@@ -150,7 +247,7 @@ class WorkerGroup(Generic[KeyT]):
         return snapshot(
             queues=self._queues,
             served=self._served,
-            configured=configured_shares(self.policy),
+            configured=configured_shares(self.policy) if self.policy is not None else (),
             next_due=[source.next_due() for source in self._sources],
             running=self._running,
             gates=self._gates,
@@ -185,11 +282,13 @@ class WorkerGroup(Generic[KeyT]):
                 self._spawn = tasks.create_task
                 while not self._stopping:
                     self._wake.clear()
+                    self._apply_pending()
                     deadline = await self._pass()
                     if not self._stopping:
                         await self._clock.wait(self._wake, deadline)
         finally:
             self._spawn = None
+            self._apply_pending()
             self._active = False
             self._stopping = False  # the group can run again
             for source in self._sources:
@@ -202,8 +301,7 @@ class WorkerGroup(Generic[KeyT]):
         claimed = [0] * len(self._sources)
         gates: list[GateState | None] = [None] * len(self._sources)
         planner = self._planner
-        assert planner is not None  # run() validated the group
-        if free > 0:
+        if free > 0 and planner is not None:  # None: the group serves no queue
             now = self._clock.now()
             cap = None if planner.exact_counts else free
             due = [source.due_count(now, cap) for source in self._sources]
@@ -268,11 +366,13 @@ class WorkerGroup(Generic[KeyT]):
 
     def _launch(self, index: int, job: Job[KeyT], slot: Slot) -> None:
         assert self._spawn is not None
+        source = self._sources[index]
         self._running[index] += 1
         self._served[index] += 1
-        self._spawn(self._execute(index, job, slot))
+        self._jobs_of[id(source)] = self._jobs_of.get(id(source), 0) + 1
+        self._spawn(self._execute(source, job, slot))
 
-    async def _execute(self, index: int, job: Job[KeyT], slot: Slot) -> None:
+    async def _execute(self, source: JobSource[KeyT], job: Job[KeyT], slot: Slot) -> None:
         try:
             await self._handler(job)
         except Exception:
@@ -284,10 +384,21 @@ class WorkerGroup(Generic[KeyT]):
                 extra={"action": "job_failed", "queue": job.queue, "key": str(job.key)},
             )
         finally:
-            self._running[index] -= 1
-            self._sources[index].finish(job)
+            index = self._index.get(id(source))  # None: the queue left the group meanwhile
+            if index is not None:
+                self._running[index] -= 1
+            left = self._jobs_of[id(source)] - 1
+            if left:
+                self._jobs_of[id(source)] = left
+            else:
+                del self._jobs_of[id(source)]
+            source.finish(job)
             self._release(slot)
             self._wake.set()
+            if not left:
+                for waiter in self._drain_waiters.pop(id(source), ()):
+                    if not waiter.done():
+                        waiter.set_result(None)
 
     def _release(self, slot: Slot) -> None:
         if self._cluster is not None:

@@ -91,6 +91,26 @@ class Planner:
     def policy(self) -> Policy:
         return self._policy
 
+    def carried_to(self, policy: Policy) -> Planner:
+        """A planner for ``policy`` (a worker group reconfigured between passes) that keeps
+        the Weighted credit of each queue both policies serve, capped at the new total weight
+        either way (a queue's credit never exceeds the total in a steady state, and a large
+        debt or credit carried over would skew the next passes); new queues start at 0. A
+        RoundRobin cursor stays on the same queue when it is still served."""
+        planner = Planner(policy)
+        queues = self._policy.queues
+        if isinstance(policy, Weighted) and isinstance(self._policy, Weighted):
+            credit = dict(zip(queues, self._credits, strict=True))
+            total = planner._total
+            planner._credits = [
+                max(-total, min(total, credit.get(name, 0))) for name in policy.queues
+            ]
+        elif isinstance(policy, RoundRobin) and queues and policy.queues:
+            following = queues[self._cursor % len(queues)]
+            if following in policy.queues:
+                planner._cursor = policy.queues.index(following)
+        return planner
+
     @property
     def credits(self) -> tuple[int, ...]:
         return tuple(self._credits)

@@ -173,7 +173,9 @@ class WorkerMetrics:
     async def refresh(self) -> None:
         """Read the backlog of the lanes each store's membership gives this worker now, on a
         batch connection of the store's database (within the worker's connection budget)."""
-        for name, runtime in self.worker.runtimes.items():
+        for name in self.backlog.keys() - self.worker.runtimes.keys():
+            self.backlog.pop(name, None)  # a store that left the worker
+        for name, runtime in list(self.worker.runtimes.items()):  # stores join meanwhile
             lanes = runtime.membership.lanes
             if not lanes:
                 self.backlog[name] = Backlog(lanes)
@@ -184,7 +186,7 @@ class WorkerMetrics:
                 self._failed.discard(name)
             except (psycopg.Error, OSError, StoreError) as exc:
                 self._failed.add(name)
-                self.refresh_errors[name] += 1
+                self.refresh_errors[name] = self.refresh_errors.get(name, 0) + 1
                 self._log.warning(
                     (name, shape(redact(str(exc)))),
                     "metrics: reading the backlog of store %s failed: %s",

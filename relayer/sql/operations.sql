@@ -19,6 +19,13 @@ FROM {outbox}
 GROUP BY lane
 ORDER BY lane NULLS LAST
 
+-- name: status_summary
+SELECT (SELECT pg_catalog.count(*) FROM {outbox})::int8,
+       (SELECT greatest(extract(epoch FROM pg_catalog.now() - pg_catalog.min(created_at)), 0)::float8 FROM {outbox}),
+       (SELECT pg_catalog.count(*) FROM {parked})::int8,
+       (SELECT pg_catalog.count(*) FROM {parked} WHERE retry_at IS NULL)::int8,
+       (SELECT pg_catalog.count(*) FROM {leases} WHERE lane IS NULL AND expires_at >= pg_catalog.now())::int8
+
 -- name: parked_list
 SELECT p.ordering_key, p.lane, p.attempts, p.last_error, p.retry_at, p.parked_at, p.head_id,
        (SELECT pg_catalog.count(*) FROM {outbox} o WHERE o.lane = p.lane AND o.ordering_key = p.ordering_key)

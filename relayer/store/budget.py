@@ -62,6 +62,12 @@ class ConnectionBudget:
     def __repr__(self) -> str:
         return f"ConnectionBudget(limit={self.limit}, reserved={self.reserved}, batch={self.batch})"
 
+    def set_limit(self, limit: int | None) -> None:
+        """A new limit (stores joined or left a worker whose limit is computed): waiters get
+        the room it adds; one below what is held takes effect as connections close."""
+        self.limit = limit
+        self._grant()
+
     @property
     def used(self) -> int:
         return self.reserved + self.batch

@@ -69,7 +69,8 @@ _MISSING_TOPIC_SECONDS = 5.0
 # The first wait before rebuilding a producer again after a rebuild failed (then doubling).
 _REBUILD_RETRY_SECONDS = 1.0
 
-_Delivered = list[tuple[asyncio.Future[None], Any, Any]]
+# (future, message id, error, report) of publish()'s messages.
+_Delivered = list[tuple[asyncio.Future[None], str, Any, Any]]
 # Whom a publish_batch message's report settles: (settle, index, message id).
 _Target = tuple[Settle, int, str]
 _Settles = list[tuple[_Target, Any, Any]]
@@ -216,15 +217,22 @@ class KafkaTransport:
                 return future
             self._require_same(generation)
         key = message.key
+        message_id = str(message.id)
+        if message_id in generation.waiting:
+            # As in publish_batch: an earlier copy still waits in the producer (a stall), so no
+            # second copy is queued behind it.
+            self._notice.refused(len(generation.waiting), generation.last_report)
+            fail_quietly(future, _still_waiting(message_id))
+            return future
         if key is None:
-            headers = [(MESSAGE_ID_HEADER, str(message.id))]
+            headers = [(MESSAGE_ID_HEADER, message_id)]
         else:
-            headers = [(MESSAGE_ID_HEADER, str(message.id)), (ORDERING_KEY_HEADER, key)]
+            headers = [(MESSAGE_ID_HEADER, message_id), (ORDERING_KEY_HEADER, key)]
         if message.headers:
             headers = [
                 item for item in message.headers.items() if item[0] not in _RESERVED
             ] + headers
-        callback = functools.partial(_record_delivery, self._delivered, future)
+        callback = functools.partial(_record_delivery, self._delivered, future, message_id)
         while True:
             if generation.fatal is not None:
                 raise _rebuilding(generation.fatal)
@@ -251,6 +259,7 @@ class KafkaTransport:
                     continue
                 fail_quietly(future, produce_error(exc, message, self._max_bytes))
                 return future
+            generation.waiting.add(message_id)
             self._outstanding.add(future)
             return future
 
@@ -409,12 +418,14 @@ class KafkaTransport:
         finally:
             self._waiting_for_space -= 1
 
-    def _resolve(self, delivered: _Delivered) -> None:
-        if self._notice.since is not None and any(error is None for _, error, _ in delivered):
+    def _resolve(self, generation: Generation, delivered: _Delivered) -> None:
+        if self._notice.since is not None and any(error is None for _, _, error, _ in delivered):
             self._notice.acknowledged()
         outstanding = self._outstanding
-        for future, error, report in delivered:
+        waiting = generation.waiting
+        for future, message_id, error, report in delivered:
             outstanding.discard(future)
+            waiting.discard(message_id)
             if future.done():
                 continue
             if error is None:
@@ -593,7 +604,7 @@ class KafkaTransport:
             batch = self._delivered[:]
             self._delivered.clear()
             reported = True
-            loop.call_soon_threadsafe(self._resolve, batch)
+            loop.call_soon_threadsafe(self._resolve, generation, batch)
         if self._settles:
             # Copied and cleared, never replaced: each produce call bound this very list, and
             # the callbacks that fill it run in this thread, inside poll().
@@ -648,10 +659,10 @@ _NOT_SENT = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, Kafk
 
 
 def _record_delivery(
-    delivered: _Delivered, future: asyncio.Future[None], error: Any, report: Any
+    delivered: _Delivered, future: asyncio.Future[None], message_id: str, error: Any, report: Any
 ) -> None:
     # Runs in the poll thread, inside producer.poll(): only collect; the loop resolves.
-    delivered.append((future, error, report if error is not None else None))
+    delivered.append((future, message_id, error, report if error is not None else None))
 
 
 def _record_settle(settles: _Settles, target: _Target, error: Any, report: Any) -> None:

@@ -16,18 +16,20 @@ from tests.acceptance.cli import environment, relayer
 CONFIG = (
     '[stores.orders]\ndsn = "postgresql://user@127.0.0.1:1/db"\n'
     '[stores.billing]\ndsn = "postgresql://user@127.0.0.1:1/db"\ntable_prefix = "billing_"\n'
+    '[templates.tenants.discovery]\nfile = "tenants.toml"\n'
 )
 # (the words typed, the last one being completed; what bash offers)
 BASH_CASES = [
     (["relayer", ""], "schema run status parked queue dashboard demo completion"),
     (["relayer", "parked", ""], "list redrive drop"),
-    (["relayer", "status", "--"], "--help --json --check --max-lag"),
+    (["relayer", "status", "--"], "--help --all --json --check --max-lag"),
     (["relayer", "--log-level", ""], "DEBUG INFO WARNING ERROR"),
     (["relayer", "schema", "grants", "orders", "--for", "w"], "writer worker"),
     (["relayer", "completion", ""], "bash zsh fish"),
     (["relayer", "run", "orders", "--metrics-port", ""], ""),  # a port: nothing to offer
     (["relayer", "--config", "{config}", "status", ""], "orders billing"),
     (["relayer", "--config", "{config}", "run", "orders", "b"], "billing"),
+    (["relayer", "--config", "{config}", "run", "--template", ""], "tenants"),
 ]
 
 

@@ -181,7 +181,8 @@ CASES: list[tuple[CliCase, str]] = [
     (
         CliCase("unknown-variable", PRINT, {"RELAYER_COLOUR": "blue"}),
         "RELAYER_COLOUR: 'blue' is invalid: is not a setting relayer knows (settings: "
-        "RELAYER_DSN, RELAYER_STORES__..., RELAYER_WORKER__..., RELAYER_LOG_LEVEL, "
+        "RELAYER_DSN, RELAYER_STORES__..., RELAYER_TEMPLATES__..., RELAYER_WORKER__..., "
+        "RELAYER_LOG_LEVEL, "
         "RELAYER_LOG_FORMAT, RELAYER_CONFIG and the options of `relayer run`, such as "
         "RELAYER_METRICS_PORT); fix its name or unset it",
     ),

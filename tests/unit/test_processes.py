@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from relayer.cli.processes import Supervisor, exit_status, restart_delay
+from relayer.cli import build_parser
+from relayer.cli.common import resolve_environment
+from relayer.cli.processes import Supervisor, child_command, exit_status, restart_delay
 
 
 def python(code: str) -> list[str]:
@@ -85,3 +87,23 @@ async def test_a_child_that_ignores_the_signal_is_killed_after_the_bound(
         stop.set()
         assert await running == 128 + signal.SIGKILL
     assert "did not stop within 0.2 s; killing it" in caplog.text
+
+
+def test_each_child_runs_the_same_stores_and_templates() -> None:
+    arguments = build_parser().parse_args(
+        ["run", "orders", "--template", "tenants,partners", "--instance-id", "w"]
+    )
+    resolve_environment(arguments, {"RELAYER_PROCESSES": "2"})
+    assert arguments.processes == 2 and arguments.template == ("tenants", "partners")
+    command = child_command(arguments, 1)
+    at = command.index("run")
+    assert command[at:] == [
+        "run",
+        "orders",
+        "--processes",
+        "1",
+        "--template",
+        "tenants,partners",
+        "--instance-id",
+        "w-1",
+    ]

@@ -345,3 +345,26 @@ def test_members_show_the_lanes_their_share_owns_even_when_idle(store: StoreSett
         ]
         page = client.get("/s/orders/overview").text
         assert "Lanes owned" in page
+
+
+async def test_the_fleet_page_lists_every_store_worst_first(pg_dsn: str) -> None:
+    """With more than one store, / opens the fleet: one row per store as ``status --all``
+    orders them, an unreachable store's error without its password."""
+    orders = make_store(pg_dsn)
+    billing = make_store(pg_dsn, name="billing", table_prefix="billing_")
+    gone = make_store(f"postgresql://postgres:{SECRET}@127.0.0.1:1/x", name="gone")
+    for settings in (orders, billing):
+        await apply_schema(settings)
+    park(billing, "stuck")
+    access = Access([], read_only=True, allowed_hosts={HOST})
+    app = create_app([orders, billing, gone], access, interval=1)
+    with TestClient(app) as client:
+        home = client.get("/", follow_redirects=False)
+        page = client.get("/fleet")
+        overview = client.get("/s/orders/overview")
+    assert home.status_code == 303 and home.headers["location"] == "/fleet"
+    assert page.status_code == 200
+    rows = re.findall(r'<tr data-store="([^"]+)">', page.text)
+    assert rows == ["gone", "billing", "orders"]
+    assert "cannot be read" in page.text and SECRET not in page.text
+    assert 'href="/fleet"' in overview.text  # every page links back to the fleet

@@ -88,6 +88,30 @@ async def test_a_second_copy_is_refused_while_the_first_waits(
         await kafka.close()
 
 
+async def test_publish_refuses_a_second_copy_of_an_unordered_row_too() -> None:
+    """``publish`` (unordered rows, after-commit dispatch) keeps no second copy of a message
+    behind the first either: the recovery that sends it again during a stall is refused."""
+    producers: list[FakeProducer] = []
+    kafka = transport(producers)
+    await kafka.start()
+    producer = producers[0]
+    producer.deliver = False
+    message = OutgoingMessage(uuid.uuid4(), "orders", b"x", None)
+    try:
+        first = await kafka.publish(message)
+        again = await kafka.publish(message)
+        with pytest.raises(TransportUnavailableError, match="earlier copy"):
+            await again
+        assert len(producer.queue) == 1
+        producer.deliver = True
+        await asyncio.wait_for(first, 5)
+        third = await kafka.publish(message)  # reported: a new copy is welcome again
+        await asyncio.wait_for(third, 5)
+        assert len(producer.queue) == 0
+    finally:
+        await kafka.close()
+
+
 class SilentCluster(FakeProducer):
     """The cluster stops answering: no delivery report, and metadata requests time out."""
 
