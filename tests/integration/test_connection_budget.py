@@ -2,7 +2,8 @@
 served by one worker never hold more backends than ``worker.max_connections`` (counted in
 pg_stat_activity by application_name all along), deliver every row in per-key order, and an
 idle database ends up holding its fixed connections only. A budget too small for the fixed
-connections is refused before anything connects.
+connections is refused before anything connects, and a store joining a running worker shares
+its database's connections or, for a database with no room left, is refused.
 """
 
 from __future__ import annotations
@@ -306,3 +307,40 @@ async def show(console: psycopg.AsyncConnection[Any], what: str) -> list[dict[st
     cursor = await console.execute(f"SHOW {what}".encode())
     names = [column.name for column in cursor.description or ()]
     return [dict(zip(names, row, strict=True)) for row in await cursor.fetchall()]
+
+
+async def test_stores_joining_a_running_worker_share_or_are_refused(
+    pg_server: str, pg_dsn: str, second_dsn: str
+) -> None:
+    """A store of a database the worker serves joins on its connections; one of a database
+    the budget has no room for is refused, naming the setting; the last store of a database
+    to leave closes its connections."""
+    first, joining = await stores_in(pg_dsn, 0, 2)
+    [elsewhere] = await stores_in(second_dsn, 2, 1)
+    worker = Worker(
+        [first],
+        transports={first.name: {"memory": MemoryTransport("memory")}},
+        settings=WorkerSettings(max_connections=5),  # 3 fixed + 2 batch, one database
+        instance_id="budget",
+    )
+    backends = Backends(pg_server, [database_name(pg_dsn), database_name(second_dsn)])
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(worker.started.wait(), 20)
+        await worker.add_store(joining, {"memory": MemoryTransport("memory")})
+        assert worker.databases.budget.reserved == 3  # no connection more for it
+        with pytest.raises(ConfigurationError) as refused:
+            await worker.add_store(elsewhere, {"memory": MemoryTransport("memory")})
+        assert refused.value.field == "worker.max_connections"
+        assert "must be at least 8" in refused.value.rule
+        assert sorted(worker.runtimes) == ["s0", "s1"]
+        await worker.remove_store(first.name)
+        assert worker.databases.budget.reserved == 3  # s1 still uses them
+        await worker.remove_store(joining.name)
+        assert worker.databases.budget.used == 0
+        async with backends.sampling():
+            await until(lambda: backends.samples > 0 and not backends.last)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
