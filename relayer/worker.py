@@ -617,7 +617,7 @@ class Worker:
         """The connection plan of the stores served, joining and, if given, ``joining`` (the
         ConfigurationError of plan_connections if the budget cannot hold them), put in force:
         the budget's limit (when computed) and the group's slots follow it."""
-        stores = [runtime.store for name, runtime in self.runtimes.items()]
+        stores = [runtime.store for runtime in self.runtimes.values()]
         stores += [store for name, store in self._joining.items() if name not in self.runtimes]
         if joining is not None:
             stores.append(joining)
