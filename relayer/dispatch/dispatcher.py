@@ -12,11 +12,12 @@ holds a slot (it ends once none does).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
+
+from relayer.store.driver import hang_up
 
 if TYPE_CHECKING:
     from relayer.store.budget import ConnectionBudget
@@ -110,6 +111,5 @@ class DispatcherConnection:
         """Close the connection (call under ``lock``), which frees whatever it holds."""
         conn, self.conn = self.conn, None
         if conn is not None and not conn.closed:
-            with contextlib.suppress(psycopg.Error):
-                await conn.close()
+            await hang_up(conn)  # until its server process is gone (and its locks with it)
         self.epoch += 1

@@ -57,6 +57,7 @@ from relayer.dispatch.dispatcher import Connector, DispatcherConnection
 from relayer.errors import DispatchError, RelayerError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.store.driver import hang_up
 from relayer.throttle import ThrottledLog, shape
 
 logger = logging.getLogger(__name__)
@@ -388,7 +389,7 @@ class PostgresClusterState:
             exc,
             extra={"action": "dispatcher_reconnect", "store": self.store.name},
         )
-        await conn.close()
+        await hang_up(conn)  # its locks are gone once its server process is
         self._forget_connection()
 
     def _others(self) -> list[PostgresClusterState]:

@@ -15,9 +15,10 @@ connections on demand from its :class:`BatchPool`. Every pool draws on the one b
 - a reservation (a database whose stores join a running worker) goes before every batch.
 
 psycopg_pool counts each pool's connections on its own, and a pool made smaller closes
-nothing, so a bound across pools is kept here. Units are counted when a connection is opened
-and given back once it is closed, so the budget is never above the limit; the server process
-of a closed connection can show in pg_stat_activity a moment longer.
+nothing, so a bound across pools is kept here. A unit is taken before a connection is opened
+and given back once the server has hung up on the closed connection (relayer.store.driver.
+hang_up: its process has left pg_stat_activity by then), so the connections counted there
+never exceed the limit.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from psycopg.pq import TransactionStatus
 from relayer.connection import connection_kwargs
 from relayer.errors import ConnectionsBusy
 from relayer.settings import StoreSettings
-from relayer.store.driver import DRIVER_ERRORS, Connection, is_broken, store_error
+from relayer.store.driver import DRIVER_ERRORS, Connection, hang_up, is_broken, store_error
 
 logger = logging.getLogger(__name__)
 
@@ -333,8 +334,7 @@ class BatchPool:
         """Close ``conn`` (one of this pool's); its unit goes back to the budget, or, with
         ``hand_over`` False, stays with the caller, who took it over."""
         self._created.pop(id(conn), None)
-        with contextlib.suppress(*DRIVER_ERRORS):  # broken: nothing left to release
-            await conn.close()
+        await hang_up(conn)  # until its server process is gone: the unit is free then
         self.opened -= 1
         if hand_over:
             self.budget._freed()

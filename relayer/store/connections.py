@@ -21,7 +21,14 @@ from relayer.connection import connect, connection_kwargs
 from relayer.pooling import idle_timeout_setting
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.store.driver import DRIVER_ERRORS, Connection, is_broken, store_error, translated
+from relayer.store.driver import (
+    DRIVER_ERRORS,
+    Connection,
+    hang_up,
+    is_broken,
+    store_error,
+    translated,
+)
 
 Connect = Callable[[], Awaitable[Connection]]
 Settings = Mapping[str, str]
@@ -224,8 +231,7 @@ class _SessionState:
     async def forget(self) -> None:
         conn, self.conn = self.conn, None
         if conn is not None and not conn.closed:
-            with contextlib.suppress(*DRIVER_ERRORS):  # broken: nothing left to release
-                await conn.close()
+            await hang_up(conn)  # the next one opened never shows beside it
 
 
 class Turns:

@@ -22,7 +22,7 @@ from relayer.connection import connect
 from relayer.errors import StoreError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.store.driver import DRIVER_ERRORS, Connection, store_error
+from relayer.store.driver import DRIVER_ERRORS, Connection, hang_up, store_error
 from relayer.throttle import ThrottledLog, shape
 
 logger = logging.getLogger(__name__)
@@ -103,8 +103,7 @@ class SharedListener:
         try:
             await self._serve(conn)
         finally:
-            with contextlib.suppress(*DRIVER_ERRORS):  # lost already: nothing to release
-                await conn.close()
+            await hang_up(conn)
 
     async def _serve(self, conn: Connection) -> None:
         listening: dict[str, StoreSettings] = {}
