@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relayer.dispatch.control import QueueStatus
-from relayer.dispatch.policies import ALL_QUEUES
-from relayer.health import StoreHealth
-from relayer.parked import ParkedKey
-from relayer.schema import Drift
-from relayer.status import StoreStatus, StoreSummary
+if TYPE_CHECKING:  # the commands import these when they run; the parser need not
+    from relayer.dispatch.control import QueueStatus
+    from relayer.health import StoreHealth
+    from relayer.parked import ParkedKey
+    from relayer.schema import Drift
+    from relayer.status import StoreStatus, StoreSummary
 
 Document = dict[str, Any]
 
@@ -135,6 +135,8 @@ def status(found: StoreStatus) -> Document:
 
 def queue_status(store: str, table: str, states: tuple[QueueStatus, ...]) -> Document:
     """``queue`` ``*`` is the pause of every queue; ``paused_by_all`` says a queue is held by it."""
+    from relayer.dispatch.policies import ALL_QUEUES
+
     every = next((state for state in states if state.queue == ALL_QUEUES), None)
     all_paused = every is not None and every.paused
     return {

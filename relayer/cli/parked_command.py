@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relayer import parked
 from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
-from relayer.connection import connect
 from relayer.errors import UsageError
-from relayer.parked import KeyChange
-from relayer.settings import StoreSettings
+
+if TYPE_CHECKING:  # imported when the command runs, not by every command's parser
+    from relayer.parked import KeyChange
+    from relayer.settings import StoreSettings
 
 
 def register(commands: Any) -> None:
@@ -38,6 +38,9 @@ def register(commands: Any) -> None:
 
 
 async def _list(context: Context) -> int:
+    from relayer import parked
+    from relayer.connection import connect
+
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="parked") as conn:
         keys = await parked.list_parked(conn, store, context.arguments.key)
@@ -62,6 +65,9 @@ async def _list(context: Context) -> int:
 
 
 async def _redrive(context: Context) -> int:
+    from relayer import parked
+    from relayer.connection import connect
+
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="parked") as conn:
         changes = await parked.redrive(conn, store, context.arguments.key)
@@ -71,6 +77,9 @@ async def _redrive(context: Context) -> int:
 
 
 async def _drop(context: Context) -> int:
+    from relayer import parked
+    from relayer.connection import connect
+
     store = context.store(context.arguments.store)
     if context.arguments.key is None and not context.arguments.yes:
         raise UsageError(

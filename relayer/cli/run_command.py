@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayer.cli.common import (
     EXIT_OK,
@@ -27,8 +27,10 @@ from relayer.cli.processes import STOP_MARGIN, Supervisor, child_command, stop_w
 from relayer.errors import UsageError
 from relayer.fleet.templates import TemplateSettings
 from relayer.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES
-from relayer.settings import StoreSettings
-from relayer.worker import Worker
+
+if TYPE_CHECKING:  # the worker is imported when it runs, not by every command's parser
+    from relayer.settings import StoreSettings
+    from relayer.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +120,8 @@ async def _run(context: Context) -> int:
     # Built before anything starts, also by the parent of --processes: every configuration
     # error (stores, templates, transports, worker settings) is reported once, before any
     # child runs.
+    from relayer.worker import Worker
+
     worker = Worker(stores, settings=context.settings.worker, instance_id=arguments.instance_id)
     _check_transports(templates)
     if arguments.processes > 1:

@@ -5,15 +5,16 @@ a health check's exit status."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context, positive_seconds
-from relayer.connection import connect
 from relayer.errors import ConfigurationError, UsageError
-from relayer.health import StoreHealth
-from relayer.settings import StoreSettings
-from relayer.status import StoreStatus, StoreSummary, read_status, read_summaries
+
+if TYPE_CHECKING:  # imported when the command runs, not by every command's parser
+    from relayer.health import StoreHealth
+    from relayer.settings import StoreSettings
+    from relayer.status import StoreStatus, StoreSummary
 
 
 def register(commands: Any) -> None:
@@ -53,6 +54,9 @@ async def _status(context: Context) -> int:
         return await _status_all(context, checking)
     if arguments.store is None:
         raise UsageError("give the store to show, or --all for every configured store")
+    from relayer.connection import connect
+    from relayer.status import read_status
+
     store = context.store(arguments.store)
     async with await connect(store, purpose="status") as conn:
         found = [await read_status(conn, store)]
@@ -75,6 +79,7 @@ async def fleet_stores(context: Context) -> tuple[list[StoreSettings], list[Stor
     rule (the command still reports the others)."""
     from relayer.fleet.sources import DiscoveryError, read_source
     from relayer.fleet.templates import store_from_row
+    from relayer.status import StoreSummary
 
     settings = context.settings
     if not settings.stores and not settings.templates:
@@ -102,6 +107,8 @@ async def fleet_stores(context: Context) -> tuple[list[StoreSettings], list[Stor
 
 
 async def _status_all(context: Context, checking: bool) -> int:
+    from relayer.status import read_summaries
+
     max_lag = context.arguments.max_lag
     stores, unread = await fleet_stores(context)
     summaries = sorted([*unread, *await read_summaries(stores)], key=lambda found: found.rank)
