@@ -59,6 +59,11 @@ class StoreError(RelayerError):
     """Talking to the outbox store in PostgreSQL failed or found it in an unexpected state."""
 
 
+class ConnectionsBusy(StoreError):
+    """Every connection a worker's budget allows (``worker.max_connections``) was in use for
+    as long as a caller could wait: not a database fault, so nothing is counted against rows."""
+
+
 class SchemaNotAppliedError(StoreError):
     """The store's tables do not exist (yet) in the configured schema."""
 

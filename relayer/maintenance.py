@@ -27,7 +27,7 @@ from relayer.dispatch import MemoryQueue
 from relayer.errors import StoreError
 from relayer.lanes import fnv1a_32
 from relayer.settings import StoreSettings
-from relayer.store import Connection, MaintenanceStore, StorePool
+from relayer.store import Connection, MaintenanceStore, Session, Transactions, UnorderedStore
 from relayer.throttle import ThrottledLog, shape
 from relayer.transports.base import Transport
 from relayer.unordered import UnorderedSender
@@ -150,18 +150,24 @@ class Maintenance:
 
     ``leader()`` tells whether this worker runs the cluster's cleanup (the worker owning lane 0).
     Jobs borrow a connection from the store's batch pool, like lane batches; a job is one slot.
+    With ``session`` (the worker's housekeeping connection), recovery first looks there for a
+    due row, so a store without unordered rows holds no batch connection for it.
     """
 
     def __init__(
         self,
         store: StoreSettings,
         transports: Mapping[str, Transport],
-        pool: StorePool,
+        pool: Transactions,
         now: Callable[[], float],
         leader: Callable[[], bool],
+        *,
+        session: Session | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
+        self.session = session
+        self.unordered = UnorderedStore(store)
         self.now = now
         self.leader = leader
         self.queue: MemoryQueue[int] = MemoryQueue(maintenance_queue(store.name))
@@ -202,6 +208,11 @@ class Maintenance:
         self.queue.schedule(task, self.now() + next_in)
 
     async def _recover(self) -> float:
+        if self.session is not None:
+            async with self.session.connection("look for unordered rows") as conn:
+                due = await self.unordered.due_exists(conn)
+            if not due:
+                return self.store.maintenance_interval.total_seconds()
         async with self.pool.connection("recover unordered rows") as conn:
             result = await self.sender.recover(conn, self.store.batch_size)
         self.recovered += result.sent

@@ -1,11 +1,12 @@
 """Membership: heartbeats on the database clock and the rank split of lanes.
 
 Each worker instance keeps a ``member:<instance id>`` row alive every lease_duration / 3 on a
-connection of its own, so slow batches never delay it. Live members, sorted, divide the lanes
-by rank (lane % members == rank), so shares differ by at most one lane. A member only locks
-lanes of its share, and releases lanes outside it as soon as no batch holds them; a new owner
-waits for a lease to expire or be released. If heartbeats fail for a whole lease, the member
-stops sending until one succeeds again.
+connection no batch uses (the housekeeping connection of the store's database in a worker,
+where heartbeats go before waiting probes), so slow batches never delay it. Live members,
+sorted, divide the lanes by rank (lane % members == rank), so shares differ by at most one
+lane. A member only locks lanes of its share, and releases lanes outside it as soon as no
+batch holds them; a new owner waits for a lease to expire or be released. If heartbeats fail
+for a whole lease, the member stops sending until one succeeds again.
 """
 
 from __future__ import annotations
@@ -52,15 +53,17 @@ class Membership:
         member: str,
         connect: Connect | None = None,
         *,
+        session: Session | None = None,
         on_change: Callable[[frozenset[int]], None] = lambda lanes: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.member = member
         self.db = RelayStore(store)
-        # Its own connection, so slow batches never delay a heartbeat (``connect`` opens it;
-        # by default an autocommit connection of the store).
-        self.session = Session(store, connect, purpose="control")
+        # Not a batch connection, so slow batches never delay a heartbeat: ``session`` (a
+        # worker's housekeeping connection, shared with probes, heartbeats going first), or
+        # one of its own that ``connect`` opens (by default an autocommit connection).
+        self.session = session or Session(store, connect, purpose="control")
         self._on_change = on_change
         self._clock = clock
         self._token = uuid.uuid4()
@@ -76,7 +79,7 @@ class Membership:
 
     async def beat(self) -> None:
         """One heartbeat: renew, learn the live members, recompute and apply the share."""
-        async with self.session.connection("heartbeat") as conn:
+        async with self.session.connection("heartbeat", urgent=True) as conn:
             members = tuple(await self.db.heartbeat(conn, self.member, self._token))
             self.last_beat = self._clock()
             rank = members.index(self.member) if self.member in members else -1
@@ -110,7 +113,7 @@ class Membership:
         owner does not wait for the next heartbeat. Failures are left to that heartbeat."""
         try:
             rank = self.rank if self.lanes else -1
-            async with self.session.connection("release lanes") as conn:
+            async with self.session.connection("release lanes", urgent=True) as conn:
                 released = await self.db.release_lanes(conn, self.member, rank, len(self.members))
         except StoreError as exc:
             logger.debug("releasing lanes of store %s failed: %s", self.store.name, exc)
@@ -167,7 +170,7 @@ class Membership:
     async def leave(self) -> None:
         """Release every lane and the membership (graceful shutdown)."""
         try:
-            async with self.session.connection("leave") as conn:
+            async with self.session.connection("leave", urgent=True) as conn:
                 await self.db.leave(conn, self.member)
             logger.info(
                 "member %s left store %s",

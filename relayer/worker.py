@@ -4,10 +4,12 @@ One Worker serves one or more stores. Each store is a dispatch queue whose jobs 
 keyed by lane number; one worker group (Weighted or Strict over the stores) runs the scans in a
 pool of slots. Scans that become due in the same event-loop turn send their lanes together, in
 one batch transaction of up to BATCH_LANES lanes on a pooled database connection, which takes
-more due lanes of the store's queue (up to WIDE_BATCH_LANES) when they wait. Per store the
-worker keeps a heartbeat connection (membership), a probe connection and a LISTEN connection
-that turns writers' notifications into immediate scans; the poll interval is the fallback (and
-the only wake-up behind a transaction pooler without ``listen_dsn``: relayer.pooling).
+more due lanes of the store's queue (up to WIDE_BATCH_LANES) when they wait. The stores of one
+database share the worker's connections to it (relayer.store.databases): a housekeeping
+connection (heartbeats, probes), a LISTEN connection that turns writers' notifications into
+immediate scans (the poll interval is the fallback, and the only wake-up behind a transaction
+pooler without ``listen_dsn``: relayer.pooling), a dispatcher connection and a pool of batch
+connections; every database's draw on one budget, ``worker.max_connections``.
 
     worker = Worker([store_settings], transports={"orders": {"kafka": transport}})
     await worker.run(stop_event)   # until stop_event is set; then finishes batches and leaves
@@ -39,7 +41,8 @@ from relayer.dispatch import (
 )
 from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
-from relayer.errors import ConfigurationError, StoreError, UsageError
+from relayer.dispatch.dispatcher import DispatcherConnection
+from relayer.errors import ConfigurationError, ConnectionsBusy, StoreError, UsageError
 from relayer.maintenance import Maintenance, maintenance_queue
 from relayer.membership import Membership, new_instance_id
 from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
@@ -53,7 +56,14 @@ from relayer.relay import (
     ScanResult,
 )
 from relayer.settings import StoreSettings, WorkerSettings
-from relayer.store import RelayStore, Session, StorePool, batch_settings, can_listen, listen
+from relayer.store import RelayStore
+from relayer.store.databases import (
+    ConnectionPlan,
+    Database,
+    DatabaseKey,
+    Databases,
+    plan_connections,
+)
 from relayer.throttle import ThrottledLog, shape
 from relayer.tracing import RelayTracer, relay_tracer
 from relayer.transports.base import Transport
@@ -61,8 +71,9 @@ from relayer.transports.lifecycle import SharedTransports
 
 logger = logging.getLogger(__name__)
 
-# How long a LISTEN connection waits for a notification before checking for shutdown.
-LISTEN_WAIT = 0.5
+# How long a scan waits for a batch connection when the worker's budget has none free before
+# it gives its slot back (Scan.WAITING, scanned again at once; nothing is counted).
+CONNECTION_WAIT = 0.25
 # A stopping worker closes its transports within what is left of its stop budget
 # (lease_duration / 2, by which every batch in flight has ended), but gives them at least this
 # long (seconds): see Worker.run.
@@ -108,7 +119,7 @@ class StoreRuntime:
         store: StoreSettings,
         transports: Mapping[str, Transport],
         member: str,
-        pool_size: int,
+        database: Database,
         now: Callable[[], float],
         *,
         tracer: RelayTracer | None = None,
@@ -128,34 +139,33 @@ class StoreRuntime:
         self._gate_open = False
         self._transports_held = False
         self._joined = False
+        self._attached = False
         self._closing: asyncio.Future[None] | None = None
         self.queue: MemoryQueue[int] = MemoryQueue(store.name)
         self.relay = LaneRelay(
             store, self.transports, member, destinations=DestinationCache(), tracer=tracer
         )
-        self.membership = Membership(store, member, on_change=self._lanes_changed)
-        self.prober = Prober(RelayStore(store))
-        self.pool = StorePool(
-            store,
-            purpose="batch",
-            # Resized to the member's share when it changes (see _lanes_changed): no more open
-            # connections than lanes this member can send at once.
-            max_size=pool_size,
-            # A scan waiting for a connection must give its slot back well within a lease.
-            timeout=max(store.lease_duration.total_seconds() / 4, 1.0),
-            # Set for the connection, not per transaction (one statement less a batch), unless
-            # a transaction pooler is in front (then each batch sets them: RelayStore).
-            settings=batch_settings(store),
+        # The connections of the store's database, shared with its other stores in this worker.
+        self.database = database
+        self.housekeeping = database.housekeeping.for_store(store)
+        self.membership = Membership(
+            store, member, session=self.housekeeping, on_change=self._lanes_changed
         )
+        self.prober = Prober(RelayStore(store), session=self.housekeeping)
+        self.pool = database.pool.for_store(store)
         # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
         self.maintenance = Maintenance(
-            store, self.transports, self.pool, now, leader=lambda: 0 in self.membership.lanes
+            store,
+            self.transports,
+            self.pool,
+            now,
+            leader=lambda: 0 in self.membership.lanes,
+            session=self.housekeeping,
         )
         self.stats = StoreStats()
         # A database or broker that is down fails every lane alike: one line per cause.
         self.log = ThrottledLog(logger)
         self._waking: asyncio.Future[None] | None = None
-        self._resize: asyncio.Future[None] | None = None
         self._releasing: asyncio.Future[None] | None = None
         self._wake_again = False
         self.linger = store.wake_linger.total_seconds()
@@ -176,18 +186,6 @@ class StoreRuntime:
                 self._due_heads.pop(lane, None)
                 self._held.pop(lane, None)
         self.wake_all()  # probe the new share: lanes with due heads get scanned
-        if not self.pool.closed:
-            self._resize = asyncio.ensure_future(self._resize_pool())
-
-    def _pool_target(self) -> int:
-        """Connections to keep open: one per lane of the share, up to the pool size."""
-        return min(self.pool.max_size, max(1, len(self.membership.lanes)))
-
-    async def _resize_pool(self) -> None:
-        try:
-            await self.pool.resize(self._pool_target())
-        except StoreError as exc:  # the pool keeps its size; the next change tries again
-            self.stats.last_error = str(exc)
 
     def woken(self, payload: str) -> None:
         """A writer's NOTIFY: the payload is a lane to scan now, or empty for every lane."""
@@ -201,6 +199,9 @@ class StoreRuntime:
             now = self.now()
             self._due_heads[lane] = now
             self._schedule(lane, self._wake_window(now))
+
+    def _notified(self, payload: str) -> None:
+        self.woken(payload)  # looked up on each notification: tests wrap it on a running worker
 
     def _wake_window(self, now: float) -> float:
         """When a lane woken now is scanned: at the end of the current wake_linger window, so
@@ -298,6 +299,17 @@ class StoreRuntime:
                 self.relay.backoff,
                 extra={"action": "transport_unavailable", "store": self.store.name, "lane": lane},
             )
+        elif result.scan is Scan.WAITING:
+            self.log.warning(
+                ("waiting",),
+                "store %s: no batch connection came free within %.2f s: every connection the "
+                "worker may open (worker.max_connections = %s) is in use; lanes wait their turn "
+                "(raise worker.max_connections, or serve fewer databases per process)",
+                self.store.name,
+                CONNECTION_WAIT,
+                self.database.budget.limit,
+                extra={"action": "connections_busy", "store": self.store.name, "lane": lane},
+            )
         elif result.scan is Scan.SENT and result.sent:
             logger.debug(
                 "lane %s: sent %s",
@@ -313,9 +325,9 @@ class StoreRuntime:
         else:
             self._held.pop(lane, None)
         if lane in self.membership.lanes and not quiet:
-            if result.scan is Scan.SENT:
-                # Rows are left (the batch read a full batch or was cut short): the next scan
-                # needs no probe to know that.
+            if result.scan in (Scan.SENT, Scan.WAITING):
+                # Rows are left (the batch read a full batch or was cut short, or a probe just
+                # saw the head due): the next scan needs no probe to know that.
                 self._due_heads[lane] = now
             self.queue.schedule(lane, now + result.next_in)
 
@@ -336,7 +348,13 @@ class StoreRuntime:
         statement and one commit instead of paying for one each."""
         if self.relay.stopped:  # not worth waiting for a connection
             return {lane: ScanResult(lane, Scan.STOPPED, 0.0) for lane in lanes}
-        async with self.pool.connection("get a batch connection") as conn:
+        try:
+            return await self._send_on_connection(lanes)
+        except ConnectionsBusy as exc:  # the budget is spent: give the slot back for now
+            return {lane: ScanResult(lane, Scan.WAITING, 0.0, detail=str(exc)) for lane in lanes}
+
+    async def _send_on_connection(self, lanes: list[int]) -> dict[int, ScanResult]:
+        async with self.pool.connection("get a batch connection", wait=CONNECTION_WAIT) as conn:
             # Taken once the connection is ours: lanes that became due while it was awaited
             # join too.
             extra = self._widen(lanes)
@@ -396,8 +414,10 @@ class StoreRuntime:
             self._releasing = asyncio.ensure_future(self.membership.release_outside())
 
     async def listen(self, stop: asyncio.Event) -> None:
-        """Wake lanes on writers' notifications; reconnect after failures (polls cover gaps)."""
-        if not can_listen(self.store):
+        """Wake lanes on writers' notifications, through the LISTEN connection the stores of
+        the database share, until ``stop`` (polls cover the gaps when it is lost)."""
+        listener = self.database.listener
+        if listener is None:
             logger.info(
                 "store %s: no LISTEN behind a transaction pooler (pooler = 'transaction', no "
                 "listen_dsn): probing every poll_interval (%g s); set listen_dsn to a direct "
@@ -407,23 +427,11 @@ class StoreRuntime:
                 extra={"action": "listen_off", "store": self.store.name},
             )
             return
-        while not stop.is_set():
-            try:
-                async with listen(self.store) as notifications:
-                    self.wake_all()  # anything written while we were not listening
-                    while not stop.is_set():
-                        for payload in await notifications.next(LISTEN_WAIT):
-                            self.woken(payload)
-            except StoreError as exc:
-                self.log.warning(
-                    ("listen_lost",),
-                    "LISTEN on store %s lost: %s; polling every poll_interval until it is back",
-                    self.store.name,
-                    exc,
-                    extra={"action": "listen_lost", "store": self.store.name},
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.relay.backoff)
+        listener.subscribe(self.store, self._notified, self.wake_all)
+        try:
+            await stop.wait()
+        finally:
+            await listener.unsubscribe(self.store)
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
         """What runs while the store is served, until ``halt`` is set: heartbeats, LISTEN and
@@ -432,25 +440,22 @@ class StoreRuntime:
 
     async def open(self) -> None:
         """Take what the store needs, in order: its dispatch gate's connection, its transports
-        (one shared with other stores starts with the first), a schema check, a first
-        heartbeat (the member joins), the batch pool and the maintenance schedule. If a step
-        fails, what was taken is given back (``close``) and the error propagates."""
+        (one shared with other stores starts with the first), its database's shared
+        connections (the first store of the database reserves them in the worker's budget), a
+        schema check, a first heartbeat (the member joins) and the maintenance schedule. If a
+        step fails, what was taken is given back (``close``) and the error propagates."""
         try:
             if self.gate is not None:
                 await self.gate.open()
                 self._gate_open = True
             await self.shared.acquire(self.transports.values(), close_within=self.stop_budget())
             self._transports_held = True
-            session = Session(self.store, purpose="control")
-            try:
-                async with session.connection("check the schema") as conn:
-                    await RelayStore(self.store).prepare(conn)
-            finally:
-                await session.close()
-            # Join first: the share sizes the pool, which starts with that many connections ready.
+            await self.database.attach(self.store)
+            self._attached = True
+            async with self.housekeeping.connection("check the schema", urgent=True) as conn:
+                await RelayStore(self.store).prepare(conn)
             await self.membership.beat()
             self._joined = True
-            await self.pool.open(connections=self._pool_target(), within=30)
             self.maintenance.start()
         except BaseException:
             await self.close()
@@ -485,7 +490,9 @@ class StoreRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._waking
         await self.prober.close()
-        await self.pool.close()
+        if self._attached:  # the last store of the database out closes its connections
+            self._attached = False
+            await self.database.detach(self.store)
         if self.gate is not None and self._gate_open:
             await self.gate.close()
         if self._transports_held:
@@ -502,12 +509,14 @@ class StoreRuntime:
         """The throttled logs of this store's parts (their held-back counts are written by
         poll() once an interval ends, and at close)."""
         maintenance = self.maintenance
+        listener = self.database.listener
         return (
             self.log,
             self.relay.log,
             self.membership.log,
             maintenance.log,
             maintenance.sender.log,
+            *(() if listener is None else (listener.log,)),
         )
 
 
@@ -525,7 +534,8 @@ class Worker:
         tracer_provider: Any | None = None,
     ) -> None:
         """``cluster_state`` defaults to each store's PostgreSQL queue state (pause and
-        concurrency limits set with ``relayer queue``), one dispatcher connection per store.
+        concurrency limits set with ``relayer queue``), one dispatcher connection per database.
+        ConfigurationError if ``settings.max_connections`` cannot serve these stores.
         ``tracer_provider`` (an OpenTelemetry SDK TracerProvider) defaults to the global one;
         without a configured provider the worker does no tracing work (relayer.tracing).
         ``stores`` may be empty when stores are added later (``add_store``)."""
@@ -540,6 +550,12 @@ class Worker:
         self.settings = settings or WorkerSettings()
         self.member = instance_id or new_instance_id()
         self.clock = MonotonicClock()
+        # Every store's database shares its connections; all together within the budget.
+        self.connections: ConnectionPlan = plan_connections(
+            stores, self.settings, dispatcher=cluster_state is None
+        )
+        self.databases = Databases(self.settings, self.connections.limit)
+        self._dispatchers: dict[DatabaseKey, DispatcherConnection] = {}
         built = transports if transports is not None else _build_transports(stores)
         self._tracer = relay_tracer(tracer_provider)
         # Which stores use which transports (shared ones start once, close with their last).
@@ -551,7 +567,7 @@ class Worker:
         self.runtimes: dict[str, StoreRuntime] = {}
         self._maintenance: dict[str, Maintenance] = {}
         self._weights: dict[str, int] = {}  # weights given to add_store
-        self._joining: set[str] = set()
+        self._joining: dict[str, StoreSettings] = {}
         self._leaving: set[str] = set()
         self._store_tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]] | None = None
@@ -565,7 +581,7 @@ class Worker:
             self._policy(names) if names else None,
             self._sources(),
             self._handle,
-            pool_size=self.settings.pool_size,
+            pool_size=self.connections.slots,
             cluster_state=cluster_state,
             clock=self.clock,
             name=f"relayer:{self.member}",
@@ -573,16 +589,43 @@ class Worker:
         self.started = asyncio.Event()
 
     def _runtime(self, store: StoreSettings, transports: Mapping[str, Transport]) -> StoreRuntime:
+        """A store's runtime on its database's shared connections."""
         return StoreRuntime(
             store,
             transports,
             self.member,
-            self.settings.pool_size,
+            self.databases.get(store),
             self.clock.now,
             tracer=self._tracer,
-            gate=PostgresClusterState(store) if self._routes is not None else None,
+            gate=self._gate(store) if self._routes is not None else None,
             shared=self.shared_transports,
         )
+
+    def _gate(self, store: StoreSettings) -> PostgresClusterState:
+        """A store's cluster gate on its database's dispatcher connection (shared)."""
+        database = self.databases.get(store)
+        dispatcher = self._dispatchers.get(database.key)
+        if dispatcher is None:
+            dispatcher = self._dispatchers[database.key] = DispatcherConnection(
+                database.connect_dispatcher,
+                pinned=store.pooler == "transaction",
+                budget=self.databases.budget,
+            )
+        return PostgresClusterState(store, dispatcher=dispatcher)
+
+    def _replan(self, joining: StoreSettings | None = None) -> ConnectionPlan:
+        """The connection plan of the stores served, joining and, if given, ``joining`` (the
+        ConfigurationError of plan_connections if the budget cannot hold them), put in force:
+        the budget's limit (when computed) and the group's slots follow it."""
+        stores = [runtime.store for runtime in self.runtimes.values()]
+        stores += [store for name, store in self._joining.items() if name not in self.runtimes]
+        if joining is not None:
+            stores.append(joining)
+        plan = plan_connections(stores, self.settings, dispatcher=self._routes is not None)
+        self.connections = plan
+        self.databases.budget.set_limit(plan.limit)
+        self.group.pool_size = plan.slots
+        return plan
 
     def _register(self, runtime: StoreRuntime) -> None:
         name = runtime.store.name
@@ -719,6 +762,7 @@ class Worker:
             )
         if transports is None:
             transports = _build_transports([store])[name]
+        self._replan(store)  # refused if the budget has no room for its database
         runtime = self._runtime(store, transports)
         if weight is not None:
             self._weights[name] = weight
@@ -726,7 +770,7 @@ class Worker:
             self._register(runtime)
             await self._regroup()
             return
-        self._joining.add(name)
+        self._joining[name] = store
         try:
             await runtime.open()
             if self._phase != "serving":  # the worker began stopping meanwhile
@@ -734,9 +778,11 @@ class Worker:
                 raise UsageError(f"worker {self.member} stopped while store {name!r} joined")
         except BaseException:
             self._weights.pop(name, None)
+            self._joining.pop(name, None)
+            self._replan()
             raise
         finally:
-            self._joining.discard(name)
+            self._joining.pop(name, None)
         self._register(runtime)
         self._start_tasks(runtime)
         await self._regroup()
@@ -768,6 +814,7 @@ class Worker:
             raise UsageError(f"store {name!r} is not served by worker {self.member}")
         if self._phase == "new":
             self._unregister(name)
+            self._replan()
             await self._regroup()
             return
         if self._phase != "serving":
@@ -788,6 +835,7 @@ class Worker:
         finally:
             self._leaving.discard(name)
             self._unregister(name)
+            self._replan()  # its database's connections are closed if it was the last one
         logger.info(
             "worker %s no longer serves store %s",
             self.member,
@@ -837,6 +885,12 @@ class Worker:
                 self.member,
                 names,
                 extra={"action": "start", "member": self.member},
+            )
+            logger.info(
+                "worker %s: %s",
+                self.member,
+                self.connections.describe(),
+                extra={"action": "connection_budget", "member": self.member},
             )
             serving = True
             async with asyncio.TaskGroup() as tasks:

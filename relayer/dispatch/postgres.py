@@ -23,6 +23,10 @@ locks all the same, taken and released one by one inside it); each claim runs un
 savepoint, so a failed one leaves the transaction usable for the stray-lock check; and once no
 slot is held it releases every lock and commits, handing the server connection back. A process
 that dies mid-transaction makes the pooler close that server connection, which frees the slots.
+
+A worker's stores of one database share one dispatcher connection
+(relayer.dispatch.dispatcher.DispatcherConnection): each store's state keeps its own slots, the
+connection, its lock and its transaction are shared.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -50,37 +53,45 @@ from relayer.dispatch.control import (
     queue_lock_key,
     require_dispatch_schema,
 )
+from relayer.dispatch.dispatcher import Connector, DispatcherConnection
 from relayer.errors import DispatchError, RelayerError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.store.driver import hang_up
 from relayer.throttle import ThrottledLog, shape
 
 logger = logging.getLogger(__name__)
-
-Connector = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
 
 
 class PostgresClusterState:
     """The cluster gate of one store's queues, through one dispatcher connection.
 
     Use ``async with PostgresClusterState(store) as state`` (or ``open``/``close``). Several
-    worker groups of a process may share one. If the connection is lost, the slots it held are
-    gone (other processes may take them); ``acquire`` raises DispatchError and reconnects on the
-    next call.
+    worker groups of a process may share one; the states of several stores of one database
+    may share a ``dispatcher`` connection (by default each has its own). If the connection is
+    lost, the slots it held are gone (other processes may take them); ``acquire`` raises
+    DispatchError and reconnects on the next call.
     """
 
-    def __init__(self, store: StoreSettings, *, connector: Connector | None = None) -> None:
+    def __init__(
+        self,
+        store: StoreSettings,
+        *,
+        connector: Connector | None = None,
+        dispatcher: DispatcherConnection | None = None,
+    ) -> None:
         self.store = store
         self._names = store.names
         self._queries = queries_for(store.names)
-        self._connector: Connector = connector or (
-            lambda: connect(store, purpose=f"dispatcher:{store.name}")
-        )
-        self._conn: psycopg.AsyncConnection[Any] | None = None
+        if dispatcher is None:
+            dispatcher = DispatcherConnection(
+                connector or (lambda: connect(store, purpose=f"dispatcher:{store.name}")),
+                pinned=store.pooler == "transaction",
+            )
+        self._shared = dispatcher
         # Behind a transaction pooler: hold slots only inside an open transaction (see above).
-        self._pinned = store.pooler == "transaction"
-        self._lock = asyncio.Lock()
-        self._epoch = 0
+        self._pinned = dispatcher.pinned
+        self._checked = -1  # the connection generation this store's schema was checked on
         self._keys: dict[str, int] = {}
         self._held: set[tuple[int, int]] = set()
         self._pending: list[tuple[int, int]] = []
@@ -99,6 +110,14 @@ class PostgresClusterState:
         await self.close()
 
     @property
+    def _lock(self) -> asyncio.Lock:
+        return self._shared.lock
+
+    @property
+    def _epoch(self) -> int:
+        return self._shared.epoch
+
+    @property
     def held(self) -> int:
         """Slots this process holds for running jobs."""
         return len(self._held)
@@ -107,20 +126,63 @@ class PostgresClusterState:
     def backend_pid(self) -> int | None:
         """The server process of the dispatcher connection (its locks show under this pid);
         None behind a transaction pooler, which reports a number of its own."""
-        if self._conn is None or self._conn.closed or self._pinned:
+        conn = self._shared.conn
+        if conn is None or conn.closed or self._pinned:
             return None
-        return int(self._conn.info.backend_pid)
+        return int(conn.info.backend_pid)
+
+    def holds_slots(self) -> bool:
+        return bool(self._held or self._pending)
+
+    def lost_connection(self) -> None:
+        """The shared connection is gone, and this store's slots with it."""
+        if self._held:
+            self._log.warning(
+                ("slots_lost",),
+                "dispatch: store %r lost its dispatcher connection while holding %d slot(s); "
+                "their jobs keep running but other processes may take the slots",
+                self.store.name,
+                len(self._held),
+                extra={"action": "slots_lost", "store": self.store.name},
+            )
+        self._held.clear()
+        self._pending.clear()
 
     async def open(self) -> None:
         """Connect, check the schema and create the claim function (errors propagate)."""
-        async with self._lock:
-            await self._connection()
+        await self._shared.attach(self)
+        try:
+            async with self._lock:
+                await self._connection()
+        except BaseException:
+            await self._detach()
+            raise
 
     async def close(self) -> None:
-        """Unlock every slot and close the connection (call when the groups have stopped)."""
+        """Unlock this store's slots; the last store of the connection closes it (call when
+        the groups have stopped)."""
         async with self._lock:
-            conn = self._conn
-            if conn is not None and not conn.closed:
+            conn = self._shared.open()
+            if conn is not None and self._shared.gates != [self]:
+                # Others keep using the connection: unlock only this store's slots.
+                pairs, self._pending = sorted(self._held) + self._pending, []
+                self._held.clear()
+                if pairs:
+                    try:
+                        await self._unlock(conn, pairs)
+                        await self._unpin_when_idle(conn)
+                    except psycopg.Error as exc:
+                        await self._recover(conn, exc)
+            self._held.clear()
+            self._pending.clear()
+        await self._detach()
+
+    async def _detach(self) -> None:
+        if not self._shared.detach(self):
+            return
+        async with self._lock:
+            conn = self._shared.open()
+            if conn is not None:
                 # The server ends a closed connection's backend a moment later; unlocking first
                 # frees the slots before close() returns.
                 with contextlib.suppress(psycopg.Error):
@@ -128,9 +190,8 @@ class PostgresClusterState:
                         await self._unpin(conn)
                     else:
                         await conn.execute(self._queries["queue_unlock_all"])
-                await conn.close()
-            self._held.clear()
-            self._forget_connection()
+            await self._shared.close()
+        self._shared.closed()
 
     def lock_key(self, queue: str) -> int:
         key = self._keys.get(queue)
@@ -167,8 +228,8 @@ class PostgresClusterState:
             if not self._pending:
                 return
             pairs, self._pending = self._pending, []
-            conn = self._conn
-            if conn is None or conn.closed:
+            conn = self._shared.open()
+            if conn is None:
                 return  # the locks died with the connection
             try:
                 await self._unlock(conn, pairs)
@@ -205,7 +266,7 @@ class PostgresClusterState:
                     f"store {self.store.name!r}: claiming queue slots failed: {exc}"
                 ) from exc
             result = self._result(request, keys, rows)
-            if self._pinned and not self._held:
+            if self._pinned and self._shared.idle():
                 self._keep(asyncio.ensure_future(self._end_idle_transaction(conn)))
             return result
 
@@ -232,7 +293,7 @@ class PostgresClusterState:
         """After a claim that left no slot held: hand the server connection back (off the
         claim's path; the next claim waits for it, or continues the transaction first)."""
         async with self._lock:
-            if conn is not self._conn or conn.closed:
+            if conn is not self._shared.open():
                 return
             try:
                 await self._unpin_when_idle(conn)
@@ -240,7 +301,7 @@ class PostgresClusterState:
                 await self._recover(conn, exc)
 
     async def _unpin_when_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        if self._pinned and not self._held and not self._pending:
+        if self._pinned and self._shared.idle():
             await self._unpin(conn)
 
     async def _unpin(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -266,32 +327,37 @@ class PostgresClusterState:
         return ClaimResult(tuple(grants), tuple(gates))
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
-        self._forget_connection()
-        conn = await self._connector()
+        """The shared connection (call under the lock), this store's schema checked on it."""
+        conn = self._shared.open()
+        if conn is None:
+            conn = await self._shared.connect()
+        if self._checked != self._epoch:
+            await self._check_schema(conn)
+            self._checked = self._epoch
+        return conn
+
+    async def _check_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Refuse a store whose schema lacks the claim function. Inside a pinned transaction
+        (other stores hold slots) under a savepoint, so a failed check leaves it usable."""
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            try:
+                await require_dispatch_schema(conn, self.store, CLAIM_SCHEMA_VERSION)
+            except BaseException:
+                if len(self._shared.gates) <= 1:
+                    await self._shared.close()  # nobody else on it: as before, start afresh
+                raise
+            return
+        await conn.execute("SAVEPOINT relayer_check")
         try:
             await require_dispatch_schema(conn, self.store, CLAIM_SCHEMA_VERSION)
         except BaseException:
-            await conn.close()
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("ROLLBACK TO SAVEPOINT relayer_check")
             raise
-        self._conn = conn
-        return conn
+        await conn.execute("RELEASE SAVEPOINT relayer_check")
 
     def _forget_connection(self) -> None:
-        if self._held:
-            self._log.warning(
-                ("slots_lost",),
-                "dispatch: store %r lost its dispatcher connection while holding %d slot(s); "
-                "their jobs keep running but other processes may take the slots",
-                self.store.name,
-                len(self._held),
-                extra={"action": "slots_lost", "store": self.store.name},
-            )
-        self._conn = None
-        self._epoch += 1
-        self._held.clear()
-        self._pending.clear()
+        self._shared.forget()
 
     async def _recover(self, conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> None:
         """After a failed call: release stray locks, or drop the connection (which does; behind
@@ -304,10 +370,11 @@ class PostgresClusterState:
                 cursor = await conn.execute(
                     self._queries["queue_own_slot_locks"], (list(self._keys.values()),)
                 )
+                held = self._held.union(*(gate._held for gate in self._others()))
                 stray = [
                     (int(key), int(slot))
                     for key, slot in await cursor.fetchall()
-                    if (int(key), int(slot)) not in self._held
+                    if (int(key), int(slot)) not in held
                 ]
                 if stray:
                     await self._unlock(conn, stray)
@@ -322,8 +389,17 @@ class PostgresClusterState:
             exc,
             extra={"action": "dispatcher_reconnect", "store": self.store.name},
         )
-        await conn.close()
+        await hang_up(conn)  # its locks are gone once its server process is
         self._forget_connection()
+
+    def _others(self) -> list[PostgresClusterState]:
+        """The other stores' states on the shared connection (a lock key may, rarely, be
+        shared between stores: never unlock a slot one of them holds)."""
+        return [
+            gate
+            for gate in self._shared.gates
+            if gate is not self and isinstance(gate, PostgresClusterState)
+        ]
 
     async def _unlock(
         self, conn: psycopg.AsyncConnection[Any], pairs: list[tuple[int, int]]

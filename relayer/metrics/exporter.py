@@ -16,11 +16,10 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 
-from relayer.connection import connect
 from relayer.errors import RelayerError, StoreError, UsageError, install_command
 from relayer.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES, Backlog, read_backlog
 from relayer.metrics.families import build_info, worker_families
@@ -94,7 +93,6 @@ class WorkerMetrics:
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, memory, fds
         PlatformCollector(registry=self.registry)  # python_info
         GCCollector(registry=self.registry)  # python_gc_*
-        self._connections: dict[str, psycopg.AsyncConnection[Any]] = {}
         self._server: asyncio.Server | None = None
         self._renderer: ThreadPoolExecutor | None = None
         self._failed: set[str] = set()  # stores whose last refresh failed: no early retry
@@ -173,26 +171,22 @@ class WorkerMetrics:
         )
 
     async def refresh(self) -> None:
-        """Read the backlog of the lanes each store's membership gives this worker now."""
-        for name in (self._connections.keys() | self.backlog.keys()) - self.worker.runtimes.keys():
-            await self._drop(name)  # a store that left the worker
-            self.backlog.pop(name, None)
+        """Read the backlog of the lanes each store's membership gives this worker now, on a
+        batch connection of the store's database (within the worker's connection budget)."""
+        for name in self.backlog.keys() - self.worker.runtimes.keys():
+            self.backlog.pop(name, None)  # a store that left the worker
         for name, runtime in list(self.worker.runtimes.items()):  # stores join meanwhile
             lanes = runtime.membership.lanes
             if not lanes:
                 self.backlog[name] = Backlog(lanes)
                 continue
             try:
-                conn = self._connections.get(name)
-                if conn is None or conn.closed:
-                    conn = await connect(runtime.store, purpose=f"{name}:metrics")
-                    self._connections[name] = conn
-                self.backlog[name] = await read_backlog(conn, runtime, lanes, self.top_lanes)
+                async with runtime.pool.connection("read the backlog") as conn:
+                    self.backlog[name] = await read_backlog(conn, runtime, lanes, self.top_lanes)
                 self._failed.discard(name)
             except (psycopg.Error, OSError, StoreError) as exc:
                 self._failed.add(name)
                 self.refresh_errors[name] = self.refresh_errors.get(name, 0) + 1
-                await self._drop(name)
                 self._log.warning(
                     (name, shape(redact(str(exc)))),
                     "metrics: reading the backlog of store %s failed: %s",
@@ -206,17 +200,9 @@ class WorkerMetrics:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
-        for name in list(self._connections):
-            await self._drop(name)
         if self._renderer is not None:
             self._renderer.shutdown(wait=False)
             self._renderer = None
-
-    async def _drop(self, name: str) -> None:
-        conn = self._connections.pop(name, None)
-        if conn is not None:
-            with contextlib.suppress(psycopg.Error, OSError):
-                await conn.close()
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await http_answer(reader, writer, self.scrape, self.worker.readiness)

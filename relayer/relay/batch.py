@@ -51,6 +51,7 @@ class Scan(Enum):
     BUSY = "busy"  # another live owner holds the lane: at its expiry (or poll_interval)
     UNAVAILABLE = "unavailable"  # the broker is unreachable or silent: retry_backoff
     FAILED = "failed"  # database trouble: rolled back, retry_backoff
+    WAITING = "waiting"  # no connection free in the worker's budget: nothing tried, again soon
     STOPPED = "stopped"  # the worker is stopping: nothing sent, not scanned again
 
 

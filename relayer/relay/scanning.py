@@ -15,12 +15,15 @@ from relayer.store import Connect, Connection, LaneHead, RelayStore, Session
 
 class Prober:
     """Coalesces the probes of every scan that starts in the same event-loop turn into one
-    query, on one connection of its own (``connect`` opens it; by default an autocommit
-    connection of the store). StoreError for database trouble."""
+    query, on ``session`` (a worker's housekeeping connection) or a connection of its own
+    (``connect`` opens it; by default an autocommit connection of the store). StoreError for
+    database trouble."""
 
-    def __init__(self, store: RelayStore, connect: Connect | None = None) -> None:
+    def __init__(
+        self, store: RelayStore, connect: Connect | None = None, *, session: Session | None = None
+    ) -> None:
         self._store = store
-        self.session = Session(store.store, connect, purpose="probe")
+        self.session = session or Session(store.store, connect, purpose="probe")
         self._probes: Coalescer[LaneHead] = Coalescer(self._probe)
         self.queries = 0
 

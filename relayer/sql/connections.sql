@@ -4,6 +4,10 @@
 -- The workers' wake-ups: writers notify this channel with a lane, or '' for every lane.
 LISTEN {channel}
 
+-- name: unlisten
+-- A store that leaves a running worker whose other stores of the database keep listening.
+UNLISTEN {channel}
+
 -- name: set_local
 -- Behind a transaction pooler, the settings a transaction needs, for that transaction only
 -- (a session SET would stay on a server connection other clients get next).

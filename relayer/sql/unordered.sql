@@ -21,6 +21,14 @@ ORDER BY id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
+-- name: unordered_due_exists
+-- Whether recovery has anything to claim, read without a lock on the worker's housekeeping
+-- connection: a store without such rows then takes no batch connection for its recovery.
+SELECT EXISTS (
+    SELECT 1 FROM {outbox}
+    WHERE lane = -1 AND coalesce(deliver_at, created_at + %(grace)s) <= pg_catalog.now()
+)
+
 -- name: unordered_settle
 -- Under the claim's row locks: delete what the broker acknowledged, and give each failed row its
 -- attempt, error and retry time in deliver_at (exponential backoff; the maximum at once for a

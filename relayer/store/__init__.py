@@ -6,6 +6,9 @@ translated once, here, into StoreError (with redacted messages and the driver's 
 
 - ``driver``: the connection type and the translation of driver errors;
 - ``connections``: the pool of transaction connections, autocommit sessions, LISTEN;
+- ``budget``: a worker's connection budget and the batch pool each database shares;
+- ``listener``: one LISTEN connection for the stores of a database;
+- ``databases``: the connections the stores of one database share in a worker;
 - ``relay``: the ordered protocol's statements (membership, probes, lane batches);
 - ``unordered``: claiming and settling unordered rows;
 - ``maintenance``: retention and the health check.
@@ -16,6 +19,8 @@ from relayer.store.connections import (
     Notifications,
     Session,
     StorePool,
+    Transactions,
+    Turns,
     batch_settings,
     can_listen,
     listen,
@@ -51,6 +56,8 @@ __all__ = [
     "RowFailure",
     "Session",
     "StorePool",
+    "Transactions",
+    "Turns",
     "UnorderedStore",
     "abandon",
     "batch_settings",

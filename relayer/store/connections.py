@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -19,7 +21,14 @@ from relayer.connection import connect, connection_kwargs
 from relayer.pooling import idle_timeout_setting
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.store.driver import DRIVER_ERRORS, Connection, is_broken, store_error, translated
+from relayer.store.driver import (
+    DRIVER_ERRORS,
+    Connection,
+    hang_up,
+    is_broken,
+    store_error,
+    translated,
+)
 
 Connect = Callable[[], Awaitable[Connection]]
 Settings = Mapping[str, str]
@@ -56,6 +65,15 @@ def local_settings(store: StoreSettings, settings: Settings) -> dict[str, list[s
     if store.pooler == "none":
         return None
     return {"names": list(settings), "values": list(settings.values())}
+
+
+class Transactions(Protocol):
+    """What lends connections for transactions (autocommit off): a StorePool, or a worker's
+    shared pool as one store uses it (relayer.store.budget.StoreConnections)."""
+
+    def connection(
+        self, doing: str = "", *, wait: float | None = None
+    ) -> AbstractAsyncContextManager[Connection]: ...
 
 
 class StorePool:
@@ -137,8 +155,11 @@ class Session:
     """One autocommit connection to a store kept between uses: opened on first use, and closed
     and forgotten after any failure in a use, so that the next use reconnects.
 
-    Uses take turns (``connection()`` holds a lock for its block). ``connect`` opens the
-    connection; by default an autocommit connection named after ``purpose``.
+    Uses take turns (``connection()`` holds the connection for its block), first come first
+    served, except that ``urgent`` uses (heartbeats) go before every waiting ordinary one
+    (probes): a heartbeat that waits for the probes of many stores could let the member expire.
+    ``connect`` opens the connection; by default an autocommit connection named after
+    ``purpose``. :meth:`for_store` shares it with another store of the same database.
     """
 
     def __init__(
@@ -146,49 +167,112 @@ class Session:
     ) -> None:
         self.store = store
         self.purpose = purpose
-        self._connect = connect or self._open
-        self._conn: Connection | None = None
-        self._lock = asyncio.Lock()
+        self._shared = _SessionState(connect or self._open)
+        self._owner = True
 
     async def _open(self) -> Connection:
         return await connect(self.store, purpose=f"{self.store.name}:{self.purpose}")
 
+    def for_store(self, store: StoreSettings) -> Session:
+        """This session's connection as ``store`` uses it: errors name ``store``, and its
+        ``close`` leaves the connection to the owner (the other stores keep using it)."""
+        view = Session.__new__(Session)
+        view.store = store
+        view.purpose = self.purpose
+        view._shared = self._shared
+        view._owner = False
+        return view
+
     @asynccontextmanager
-    async def connection(self, doing: str) -> AsyncIterator[Connection]:
-        async with self._lock:
+    async def connection(self, doing: str, *, urgent: bool = False) -> AsyncIterator[Connection]:
+        shared = self._shared
+        async with shared.turns.turn(urgent):
             try:
-                if is_broken(self._conn):
-                    self._conn = None
+                if is_broken(shared.conn):
+                    shared.conn = None
                     with translated(self.store, f"{doing} (connecting)"):
-                        self._conn = await self._connect()
-                assert self._conn is not None
-                yield self._conn
+                        shared.conn = await shared.connect()
+                assert shared.conn is not None
+                yield shared.conn
             except DRIVER_ERRORS as exc:
-                await self._forget()
+                await shared.forget()
                 raise store_error(self.store, doing, exc) from exc
             except BaseException:
                 # A failed or interrupted statement can leave the connection busy or broken:
                 # the next use starts on a fresh one.
-                await self._forget()
+                await shared.forget()
                 raise
 
     @property
     def backend_pid(self) -> int | None:
         """The server process of the open connection, if any (tests and diagnostics); None
         behind a transaction pooler, which reports a number of its own."""
-        if is_broken(self._conn) or self.store.pooler == "transaction":
+        conn = self._shared.conn
+        if is_broken(conn) or self.store.pooler == "transaction":
             return None
-        return self._conn.info.backend_pid  # type: ignore[union-attr]
+        return conn.info.backend_pid  # type: ignore[union-attr]
 
     async def close(self) -> None:
-        async with self._lock:
-            await self._forget()
+        """Close the connection (a shared one only through its owner: see for_store)."""
+        if not self._owner:
+            return
+        async with self._shared.turns.turn(urgent=True):
+            await self._shared.forget()
 
-    async def _forget(self) -> None:
-        conn, self._conn = self._conn, None
+
+class _SessionState:
+    """The connection a session and its views share."""
+
+    def __init__(self, connect: Connect) -> None:
+        self.connect = connect
+        self.conn: Connection | None = None
+        self.turns = Turns()
+
+    async def forget(self) -> None:
+        conn, self.conn = self.conn, None
         if conn is not None and not conn.closed:
-            with contextlib.suppress(*DRIVER_ERRORS):  # broken: nothing left to release
-                await conn.close()
+            await hang_up(conn)  # the next one opened never shows beside it
+
+
+class Turns:
+    """A lock whose urgent waiters go before the others (each kind first come first served)."""
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._urgent: deque[asyncio.Future[None]] = deque()
+        self._ordinary: deque[asyncio.Future[None]] = deque()
+
+    @asynccontextmanager
+    async def turn(self, urgent: bool = False) -> AsyncIterator[None]:
+        await self._acquire(self._urgent if urgent else self._ordinary)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, line: deque[asyncio.Future[None]]) -> None:
+        if not self._busy and not self._urgent and not self._ordinary:
+            self._busy = True
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        line.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release()  # our turn came as we were cancelled: pass it on
+            else:
+                line.remove(future)
+            raise
+
+    def _release(self) -> None:
+        for line in (self._urgent, self._ordinary):
+            while line:
+                future = line.popleft()
+                if not future.done():
+                    future.set_result(None)  # the turn passes on: still busy
+                    return
+        self._busy = False
 
 
 class Notifications:

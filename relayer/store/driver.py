@@ -8,6 +8,10 @@ redacted message and the original chained (``raise ... from exc``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeAlias
@@ -44,3 +48,36 @@ def translated(store: StoreSettings, doing: str) -> Iterator[None]:
 def is_broken(conn: Connection | None) -> bool:
     """True when ``conn`` cannot be used again (the caller forgets it and reconnects)."""
     return conn is None or conn.closed or conn.broken
+
+
+# How long hang_up waits for the server to end a closed connection's process.
+HANG_UP_WITHIN = 1.0
+
+
+async def hang_up(conn: Connection, within: float = HANG_UP_WITHIN) -> None:
+    """Close ``conn`` and wait, at most ``within`` seconds, until the server has hung up.
+
+    A server process leaves pg_stat_activity before it closes its socket, so once the socket
+    reads end-of-file the connection no longer counts there: one opened next in its place
+    (within a worker's connection budget) never shows beside it. A copy of the socket is kept
+    open across the close to see that end-of-file.
+    """
+    copy = -1
+    with contextlib.suppress(*DRIVER_ERRORS):
+        if not conn.closed:
+            copy = os.dup(conn.pgconn.socket)
+    with contextlib.suppress(*DRIVER_ERRORS):
+        await conn.close()
+    if copy < 0:
+        return
+    sock = socket.socket(fileno=copy)
+    try:
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(within):
+            while await loop.sock_recv(sock, 4096):
+                pass  # what the server still sends (a TLS close_notify): until it hangs up
+    except (TimeoutError, OSError):
+        pass  # unreachable, or gone already: nothing more to wait for
+    finally:
+        sock.close()

@@ -21,7 +21,7 @@ from relayer.errors import FencedWriteError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.connections import batch_settings, local_settings
-from relayer.store.driver import DRIVER_ERRORS, Connection, store_error, translated
+from relayer.store.driver import DRIVER_ERRORS, Connection, hang_up, store_error, translated
 from relayer.transports.base import OutboundBatch
 
 # How the outcome statement's fence refuses to commit (relay.sql): it casts a text that starts
@@ -292,7 +292,7 @@ async def abandon(conn: Connection) -> None:
         async with asyncio.timeout(2):
             await conn.rollback()
     except DRIVER_ERRORS:  # TimeoutError (the rollback's bound) is an OSError
-        await conn.close()
+        await hang_up(conn)
 
 
 def _fence_lost(exc: Exception) -> str | None:

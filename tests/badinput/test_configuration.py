@@ -104,6 +104,23 @@ CASES: list[tuple[CliCase, str]] = [
         "worker.pool_size: '0' is invalid: Input should be greater than or equal to 1",
     ),
     (
+        CliCase("max-connections-zero", RUN, {"RELAYER_WORKER__MAX_CONNECTIONS": "0"}),
+        "worker.max_connections: '0' is invalid: Input should be greater than or equal to 1",
+    ),
+    (
+        CliCase(
+            "max-connections-below-the-fixed-ones", RUN, {"RELAYER_WORKER__MAX_CONNECTIONS": "3"}
+        ),
+        "worker.max_connections: 3 is invalid: must be at least 4 for these stores: their 1 "
+        "database(s) hold 3 connections of their own (housekeeping, LISTEN and dispatcher, per "
+        "database; no LISTEN behind a transaction pooler without listen_dsn) plus at least one "
+        "batch connection each; raise it, or serve fewer databases per process",
+    ),
+    (
+        CliCase("batch-max-idle-zero", RUN, {"RELAYER_WORKER__BATCH_MAX_IDLE": "0s"}),
+        "worker.batch_max_idle: '0s' is invalid: must be greater than 0 and at most 1 day",
+    ),
+    (
         CliCase("unknown-policy", PRINT, {"RELAYER_WORKER__POLICY": "random"}),
         "worker.policy: 'random' is invalid: Input should be 'strict' or 'weighted'",
     ),

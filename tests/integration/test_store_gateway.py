@@ -169,8 +169,9 @@ async def test_the_schema_check_before_serving_translates_driver_errors(
 async def test_a_worker_whose_every_connection_is_killed_keeps_relaying(
     pg_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Heartbeat, probe, LISTEN and batch connections all die at once: the worker logs what it
-    lost (no traceback), reconnects each, and relays the rows written afterwards."""
+    """Housekeeping (heartbeats and probes), LISTEN, dispatcher and batch connections all die
+    at once: the worker logs what it lost (no traceback), reconnects each, and relays the rows
+    written afterwards."""
     store = make_store(
         pg_dsn,
         lanes=4,
@@ -196,7 +197,8 @@ async def test_a_worker_whose_every_connection_is_killed_keeps_relaying(
                     "WHERE datname = pg_catalog.current_database() "
                     "AND application_name LIKE 'relayer:orders:%%'"
                 ).fetchone()
-            assert killed is not None and killed[0] >= 4  # control, probe, listen, batch
+            # housekeeping, listen, dispatcher, batch
+            assert killed is not None and killed[0] >= 4
             write(store, ["a", "c"])
             await wait_for(lambda: pending(store) == 0)
             await wait_for(lambda: "LISTEN on store orders lost" in caplog.text)

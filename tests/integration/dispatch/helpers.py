@@ -45,7 +45,7 @@ async def server_pid(state: PostgresClusterState) -> int:
     """The server process of a gate's dispatcher connection, asked on it (a pooler's fake
     BackendKeyData pid is not one; while the gate holds a slot behind a transaction pooler, its
     transaction keeps that server process)."""
-    conn = state._conn
+    conn = state._shared.conn
     assert conn is not None
     cursor = await conn.execute("SELECT pg_backend_pid()")
     row = await cursor.fetchone()

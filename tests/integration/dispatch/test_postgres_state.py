@@ -225,7 +225,7 @@ async def test_a_failed_claim_leaves_no_stray_lock(
     await (await control(store)).set_limit("q", 2)
     async with PostgresClusterState(gated) as state:
         [grant] = (await state.acquire(request("q", budget=1))).grants
-        conn = state._conn
+        conn = state._shared.conn
         assert conn is not None
         # As if a call had died half-way through: a lock the process does not know it holds.
         await conn.execute("SELECT pg_advisory_lock(%s, 1)", (queue_lock_key(store.names, "q"),))

@@ -1,0 +1,241 @@
+"""The connections the stores of one database share in a worker, and the bound on them.
+
+Stores reach the same database when their connection target is the same: the same ``dsn``
+(compared parameter by parameter), ``listen_dsn`` and ``pooler``, and, without a transaction
+pooler, the same start-up settings of batch connections (they follow ``lease_duration``).
+Stores in other schemas or with other table prefixes of that database share:
+
+- one *housekeeping* connection (autocommit) for every store's heartbeats, probes, schema
+  check and the look for unordered rows to recover; heartbeats go before waiting probes
+  (relayer.store.connections.Turns);
+- one LISTEN connection, LISTENing on each store's channel (none behind a transaction pooler
+  without ``listen_dsn``: the stores then poll every ``poll_interval``);
+- one dispatcher connection for the stores' pause flags and concurrency limits
+  (relayer.dispatch.dispatcher, kept by the worker);
+- one :class:`~relayer.store.budget.BatchPool` of transaction connections, opened on demand
+  and closed after ``worker.batch_max_idle`` unused.
+
+The fixed connections (housekeeping, LISTEN, dispatcher) are held while any store of the
+database is served: the first store in reserves them in the worker's budget, the last one
+out closes them. So a worker holds at most ``max_connections``: per database 2 or 3 fixed
+connections, plus the batch connections of every database (one per lane batch in flight, and
+the metrics' backlog reads), sharing what the budget leaves (:func:`plan_connections`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from psycopg.conninfo import conninfo_to_dict
+
+from relayer.connection import connect
+from relayer.errors import ConfigurationError
+from relayer.settings import StoreSettings, WorkerSettings
+from relayer.store.budget import BatchPool, ConnectionBudget
+from relayer.store.connections import Session, batch_settings, can_listen
+from relayer.store.driver import Connection
+from relayer.store.listener import SharedListener
+
+logger = logging.getLogger(__name__)
+
+Parameters = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseKey:
+    """What stores must have in common to share connections (no secret shows in its repr)."""
+
+    target: Parameters = field(repr=False)
+    listen: Parameters | None = field(repr=False)
+    pooler: str
+    options: Parameters
+    label: str = field(compare=False)
+
+
+def database_key(store: StoreSettings) -> DatabaseKey:
+    options = tuple(sorted(batch_settings(store).items())) if store.pooler == "none" else ()
+    listen = _parameters(store.listen_dsn) if store.listen_dsn else None
+    return DatabaseKey(
+        _parameters(store.require_dsn()),
+        listen,
+        store.pooler,
+        options,
+        database_label(store.require_dsn()),
+    )
+
+
+def _parameters(dsn: str) -> Parameters:
+    return tuple(sorted((name, str(value)) for name, value in conninfo_to_dict(dsn).items()))
+
+
+def database_label(dsn: str) -> str:
+    """``user@host:port/dbname`` of ``dsn``, for logs (never its password)."""
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or params.get("hostaddr") or "localhost").split(",")[0]
+    port = str(params.get("port") or "5432").split(",")[0]
+    user = f"{params['user']}@" if params.get("user") else ""
+    return f"{user}{host}:{port}/{params.get('dbname') or ''}"
+
+
+def fixed_connections(store: StoreSettings, *, dispatcher: bool) -> int:
+    """The connections a database of ``store`` holds while it is served, batches aside:
+    housekeeping, LISTEN (if it can be kept) and dispatcher (unless the worker was given a
+    cluster state of its own)."""
+    return 1 + int(can_listen(store)) + int(dispatcher)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionPlan:
+    """How a worker's connections divide: ``fixed`` in all for ``databases`` databases, up to
+    ``batch`` batch connections (shared by the databases), ``slots`` lane batches at once.
+    ``limit`` is ``max_connections``, or ``fixed + batch`` when it is unset."""
+
+    databases: int
+    fixed: int
+    batch: int
+    slots: int
+    limit: int
+    configured: bool  # max_connections was set
+
+    def describe(self) -> str:
+        source = "worker.max_connections" if self.configured else "computed: max_connections unset"
+        return (
+            f"at most {self.limit} connections to PostgreSQL ({source}): {self.fixed} for "
+            f"{self.databases} database(s) (housekeeping, LISTEN, dispatcher) and up to "
+            f"{self.limit - self.fixed} batch connections shared by them, {self.slots} lane "
+            "batches at once"
+        )
+
+
+def plan_connections(
+    stores: Iterable[StoreSettings], settings: WorkerSettings, *, dispatcher: bool = True
+) -> ConnectionPlan:
+    """The worker's connection plan for ``stores``; ConfigurationError when
+    ``max_connections`` cannot hold every database's fixed connections and one batch
+    connection each."""
+    databases: dict[DatabaseKey, StoreSettings] = {}
+    for store in stores:
+        databases.setdefault(database_key(store), store)
+    fixed = sum(fixed_connections(store, dispatcher=dispatcher) for store in databases.values())
+    limit = settings.max_connections
+    if limit is None:
+        batch = settings.pool_size
+        return ConnectionPlan(len(databases), fixed, batch, batch, fixed + batch, False)
+    batch = limit - fixed
+    if batch < len(databases):
+        raise ConfigurationError(
+            "worker.max_connections",
+            limit,
+            f"must be at least {fixed + len(databases)} for these stores: their "
+            f"{len(databases)} database(s) hold {fixed} connections of their own (housekeeping, "
+            "LISTEN and dispatcher, per database; no LISTEN behind a transaction pooler without "
+            "listen_dsn) plus at least one batch connection each; raise it, or serve fewer "
+            "databases per process",
+        )
+    return ConnectionPlan(len(databases), fixed, batch, min(settings.pool_size, batch), limit, True)
+
+
+class Database:
+    """The connections the stores of one database share in a worker (see the module
+    docstring). ``attach`` a store before it uses them and ``detach`` it after."""
+
+    def __init__(
+        self, key: DatabaseKey, store: StoreSettings, budget: ConnectionBudget, max_idle: float
+    ) -> None:
+        self.key = key
+        self.label = key.label
+        self.budget = budget
+        self._template = store
+        self.housekeeping = Session(store, self._connect_housekeeping, purpose="housekeeping")
+        self.listener = (
+            SharedListener(store, label=key.label, name=lambda: self.application("listen"))
+            if can_listen(store)
+            else None
+        )
+        self.pool = BatchPool(
+            budget,
+            store,
+            name=lambda: self.application("batch"),
+            settings=batch_settings(store),
+            max_idle=max_idle,
+            # Connecting must end well within a lease: the scan waiting for it holds a slot.
+            timeout=max(store.lease_duration.total_seconds() / 4, 1.0),
+        )
+        self.stores: dict[str, StoreSettings] = {}
+        self._reserved = 0
+
+    def __repr__(self) -> str:
+        return f"Database({self.label!r}, stores={sorted(self.stores)})"
+
+    def application(self, purpose: str) -> str:
+        """What a connection made now for ``purpose`` is named after (``relayer:NAME`` in
+        pg_stat_activity): the database's first store, and how many more it serves, as in
+        ``relayer:orders+19:batch`` (``relayer:orders:batch`` for a store on its own)."""
+        names = list(self.stores) or [self._template.name]
+        more = f"+{len(names) - 1}" if len(names) > 1 else ""
+        return f"{names[0]}{more}:{purpose}"
+
+    async def _connect_housekeeping(self) -> Connection:
+        return await connect(self._template, purpose=self.application("housekeeping"))
+
+    async def connect_dispatcher(self) -> Connection:
+        """A new autocommit connection for the database's dispatcher (relayer.dispatch:
+        the worker shares one per database; it reserves its own unit of the budget)."""
+        return await connect(self._template, purpose=self.application("dispatcher"))
+
+    @property
+    def fixed(self) -> int:
+        """Units this database reserves while served (its dispatcher reserves its own)."""
+        return 1 + int(self.listener is not None)
+
+    async def attach(self, store: StoreSettings) -> None:
+        """``store`` starts using the shared connections (the first one in reserves them)."""
+        if not self.stores:
+            try:
+                while self._reserved < self.fixed:
+                    await self.budget.reserve()
+                    self._reserved += 1
+            except BaseException:  # cancelled while waiting for room: hold nothing
+                self._unreserve()
+                raise
+            self.pool.open()
+        self.stores[store.name] = store
+
+    async def detach(self, store: StoreSettings) -> None:
+        """``store`` is done with them; the last one out closes them."""
+        if self.stores.pop(store.name, None) is None:
+            return
+        if self.listener is not None:
+            await self.listener.unsubscribe(store)
+        if self.stores:
+            return
+        await self.housekeeping.close()
+        await self.pool.close()
+        self._unreserve()
+
+    def _unreserve(self) -> None:
+        while self._reserved:
+            self._reserved -= 1
+            self.budget.unreserve()
+
+
+class Databases:
+    """A worker's databases by :func:`database_key`, drawing on one ConnectionBudget."""
+
+    def __init__(self, settings: WorkerSettings, limit: int | None = None) -> None:
+        self.settings = settings
+        self.budget = ConnectionBudget(limit)
+        self.max_idle = settings.batch_max_idle.total_seconds()
+        self._databases: dict[DatabaseKey, Database] = {}
+
+    def get(self, store: StoreSettings) -> Database:
+        key = database_key(store)
+        database = self._databases.get(key)
+        if database is None:
+            database = self._databases[key] = Database(key, store, self.budget, self.max_idle)
+        return database
+
+    def __iter__(self) -> Iterator[Database]:
+        return iter(self._databases.values())
