@@ -39,6 +39,10 @@ MAINTENANCE_QUEUE_SUFFIX = ":maintenance"
 # worked off over several passes instead of holding a slot for minutes.
 CLEANUP_BATCH = 5_000
 CLEANUP_ROUNDS = 40
+# An idle store's recovery of unordered rows looks at most every 8 x maintenance_interval (40 s
+# by default): unordered rows are sent by the application after its commit, recovery only
+# catches what it could not send.
+RECOVERY_IDLE_DOUBLINGS = 3
 
 
 class Task(IntEnum):
@@ -177,6 +181,11 @@ class Maintenance:
         self.recovered = 0
         self.recovery_failed = 0
         self.last_cleanup: CleanupReport | None = None
+        # Recovery looks in a row that found no unordered row due: the next look waits twice
+        # as long after each, up to 2**RECOVERY_IDLE_DOUBLINGS x maintenance_interval (idle
+        # stores of a large fleet cost a claim and a query each every maintenance_interval
+        # otherwise).
+        self._empty_looks = 0
         # After an outage, recovery sends batch after batch, and a task fails every retry.
         self.log = ThrottledLog(logger)
 
@@ -212,7 +221,10 @@ class Maintenance:
             async with self.session.connection("look for unordered rows") as conn:
                 due = await self.unordered.due_exists(conn)
             if not due:
-                return self.store.maintenance_interval.total_seconds()
+                self._empty_looks += 1
+                factor = 1 << min(self._empty_looks - 1, RECOVERY_IDLE_DOUBLINGS)
+                return self.store.maintenance_interval.total_seconds() * factor
+        self._empty_looks = 0
         async with self.pool.connection("recover unordered rows") as conn:
             result = await self.sender.recover(conn, self.store.batch_size)
         self.recovered += result.sent

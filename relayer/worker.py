@@ -74,6 +74,9 @@ logger = logging.getLogger(__name__)
 # How long a scan waits for a batch connection when the worker's budget has none free before
 # it gives its slot back (Scan.WAITING, scanned again at once; nothing is counted).
 CONNECTION_WAIT = 0.25
+# The longest wait of an idle store's fallback poll while LISTEN wakes it (seconds; at most a
+# third of the lease): see StoreRuntime.idle_poll_wait.
+IDLE_POLL_MAX = 10.0
 # A stopping worker closes its transports within what is left of its stop budget
 # (lease_duration / 2, by which every batch in flight has ended), but gives them at least this
 # long (seconds): see Worker.run.
@@ -170,6 +173,9 @@ class StoreRuntime:
         self._wake_again = False
         self.linger = store.wake_linger.total_seconds()
         self._window_ends = float("-inf")
+        # Consecutive polls that found no row: while LISTEN wakes the store, an idle store's
+        # fallback poll waits twice as long after each (idle_poll_wait).
+        self._idle_polls = 0
         # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
         self._due_heads: dict[int, float] = {}
         # Lanes whose last scan met a broker or database that could not be used: no wake-up
@@ -180,6 +186,7 @@ class StoreRuntime:
         self._batches: Coalescer[ScanResult] = Coalescer(self._send_group, chunk=BATCH_LANES)
 
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
+        self._idle_polls = 0
         for lane in range(self.store.lanes):
             if lane not in lanes:
                 self.queue.discard(lane)
@@ -194,6 +201,7 @@ class StoreRuntime:
         except ValueError:
             self.wake_all()
             return
+        self._idle_polls = 0
         if lane in self.membership.lanes:
             # Skip the probe: a row was just committed in this lane.
             now = self.now()
@@ -234,6 +242,7 @@ class StoreRuntime:
                 self.stats.last_error = str(exc)
                 return  # the next poll tries again
             now = self.now()
+            self._idle_polls = 0 if heads else self._idle_polls + 1
             for head in heads:
                 decided = self.relay.after_probe(head)
                 if decided is None:
@@ -252,11 +261,23 @@ class StoreRuntime:
                 del self._held[lane]
         self.queue.schedule(lane, due)
 
+    def idle_poll_wait(self) -> float:
+        """How long the fallback poll waits now: poll_interval, doubled after each poll in a
+        row that found no row, up to IDLE_POLL_MAX (at most lease_duration / 3), while a
+        LISTEN connection wakes the store (a writer's notification, a lane change or a
+        reconnect sets it back). Without LISTEN the poll is the only wake-up: no doubling."""
+        poll = self.relay.poll
+        if self.database.listener is None or not self._idle_polls:
+            return poll
+        most = max(poll, min(IDLE_POLL_MAX, self.store.lease_duration.total_seconds() / 3))
+        return min(poll * (1 << min(self._idle_polls, 16)), most)
+
     async def poll(self, stop: asyncio.Event) -> None:
-        """The fallback for lost notifications: probe every owned lane each poll_interval."""
+        """The fallback for lost notifications: probe every owned lane each poll_interval (less
+        often while the store is idle: idle_poll_wait)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.relay.poll)
+                await asyncio.wait_for(stop.wait(), self.idle_poll_wait())
             if not stop.is_set():
                 self.wake_all()
             for log in self._logs():

@@ -96,6 +96,9 @@ class RoutedClusterState:
         self._routes = dict(routes)
         self._default = default
         self._log = ThrottledLog(logger)
+        # Each queue's gate state as its gate last answered (reported for the queues whose
+        # gate a claim did not need to ask).
+        self._last: dict[str, QueueGate] = {}
 
     def gate_for(self, queue: str) -> ClusterState | None:
         return self._routes.get(queue, self._default)
@@ -109,21 +112,32 @@ class RoutedClusterState:
         """Forget the routes of ``queues`` (a store left: its jobs and slots are done)."""
         for queue in queues:
             self._routes.pop(queue, None)
+            self._last.pop(queue, None)
 
     async def acquire(self, request: ClaimRequest) -> ClaimResult:
+        """Ask the gates of the queues the claim wants slots of, together; the other gates
+        are not asked (a worker serving hundreds of stores would otherwise pay a round trip
+        to each store's gate on every pass), their queues reported as they last answered."""
+        wanted = set(request.order)
         groups: dict[int, tuple[ClusterState | None, list[int]]] = {}
         for index, queue in enumerate(request.queues):
             gate = self.gate_for(queue)
             groups.setdefault(id(gate), (gate, []))[1].append(index)
         parts = await asyncio.gather(
-            *(self._ask(gate, members, request) for gate, members in groups.values())
+            *(
+                self._ask(gate, members, request)
+                for gate, members in groups.values()
+                if not wanted.isdisjoint(members)
+            )
         )
-        gates: list[QueueGate] = [QueueGate(GateState.OPEN)] * len(request.queues)
+        opened = QueueGate(GateState.OPEN)
+        gates: list[QueueGate] = [self._last.get(queue, opened) for queue in request.queues]
         grants: list[Grant] = []
         for part_grants, part_gates in parts:
             grants.extend(part_grants)
             for index, gate_state in part_gates.items():
                 gates[index] = gate_state
+                self._last[request.queues[index]] = gate_state
         grants.sort(key=lambda grant: grant.position)
         for extra in grants[request.budget :]:
             self.release(extra.slot)

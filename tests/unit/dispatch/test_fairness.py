@@ -157,6 +157,31 @@ async def test_routed_state_sends_each_queue_to_its_own_gate() -> None:
     assert billing.in_use("billing") == 0
 
 
+class CountingGate(MemoryClusterState):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def acquire(self, request: ClaimRequest) -> ClaimResult:
+        self.asked += 1
+        return await super().acquire(request)
+
+
+async def test_routed_state_asks_only_the_gates_of_queues_the_claim_wants() -> None:
+    """A worker serving hundreds of stores pays no round trip to the gates of stores without
+    due work; their queues are reported as their gate last answered."""
+    orders, billing = CountingGate(), CountingGate()
+    billing.pause("billing")
+    routed = RoutedClusterState({"orders": orders, "billing": billing})
+    both = await routed.acquire(ClaimRequest(("orders", "billing"), (0, 1), 2))
+    assert (orders.asked, billing.asked) == (1, 1)
+    only_orders = await routed.acquire(ClaimRequest(("orders", "billing"), (0, 0), 2))
+    assert (orders.asked, billing.asked) == (2, 1)
+    assert [gate.state for gate in only_orders.gates] == [GateState.OPEN, GateState.PAUSED]
+    assert [grant.queue_index for grant in only_orders.grants] == [0, 0]
+    assert [gate.state for gate in both.gates] == [GateState.OPEN, GateState.PAUSED]
+
+
 POLICIES: list[Policy] = [
     Strict("a", "b", "c"),
     SIX_THREE_ONE,
