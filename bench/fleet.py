@@ -159,6 +159,7 @@ pool_size = {args.pool_size}
 [templates.tenants]
 dsn = "{dsn}"
 lanes = {args.lanes}
+batch_size = {args.batch_size}
 table_prefix = "{TABLE_PREFIX}"
 default_transport = "memory"
 discover_interval = "60s"
@@ -451,6 +452,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000, help="backlog of each store")
     parser.add_argument("--big-rows", type=int, default=0, help="the first store's backlog")
     parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=500,
+        help="the template's batch_size (smaller: more batches per store, a longer window "
+        "in which every store has a backlog)",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--pool-size", type=int, default=8, help="worker.pool_size")
     parser.add_argument(

@@ -186,14 +186,26 @@ class Maintenance:
         # stores of a large fleet cost a claim and a query each every maintenance_interval
         # otherwise).
         self._empty_looks = 0
+        self._started = False
+        self._leading = False
         # After an outage, recovery sends batch after batch, and a task fails every retry.
         self.log = ThrottledLog(logger)
 
     def start(self) -> None:
-        """Schedule every task now (the cleanup checks for a leader when it runs)."""
-        now = self.now()
-        for task in Task:
-            self.queue.schedule(task, now)
+        """Schedule recovery now, and the cleanup if this worker leads the store's cluster."""
+        self._started = True
+        self.queue.schedule(Task.RECOVER_UNORDERED, self.now())
+        self.lanes_changed()
+
+    def lanes_changed(self) -> None:
+        """The member's share changed: a worker that has just come to own lane 0 leads the
+        cleanup, from now on (only the leader's cleanup is scheduled: the others' would be a
+        dispatch job a minute for nothing, per store)."""
+        if not self._started:
+            return
+        was_leading, self._leading = self._leading, self.leader()
+        if self._leading and not was_leading:
+            self.queue.schedule(Task.CLEANUP, self.now())
 
     async def run(self, key: int) -> None:
         """Run one task and schedule its next run; never raises for database trouble."""
@@ -202,7 +214,10 @@ class Maintenance:
             if task is Task.RECOVER_UNORDERED:
                 next_in = await self._recover()
             else:
-                next_in = await self._cleanup()
+                cleanup_in = await self._cleanup()
+                if cleanup_in is None:
+                    return  # not the leader (any more): lanes_changed schedules it again
+                next_in = cleanup_in
         except StoreError as exc:  # the gateway's, with a redacted message
             self.log.warning(
                 ("maintenance_failed", task, shape(str(exc))),
@@ -247,10 +262,11 @@ class Maintenance:
             return 0.0
         return self.store.maintenance_interval.total_seconds()
 
-    async def _cleanup(self) -> float:
+    async def _cleanup(self) -> float | None:
         interval = self.store.cleanup_interval.total_seconds()
         if not self.leader():
-            return interval
+            self._leading = False  # lanes_changed schedules it when lane 0 comes back
+            return None
         async with self.pool.connection("clean up") as conn:
             report = await cleanup(conn, self.store)
             health = await self.db.health(conn)

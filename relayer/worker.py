@@ -187,6 +187,7 @@ class StoreRuntime:
 
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
         self._idle_polls = 0
+        self.maintenance.lanes_changed()  # the cleanup runs where lane 0 is
         for lane in range(self.store.lanes):
             if lane not in lanes:
                 self.queue.discard(lane)
