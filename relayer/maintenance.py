@@ -234,7 +234,10 @@ class Maintenance:
     async def _recover(self) -> float:
         if self.session is not None:
             async with self.session.connection("look for unordered rows") as conn:
-                due = await self.unordered.due_exists(conn)
+                due, waiting = await self.unordered.look(conn)
+            if not due and waiting:  # rows within their grace: due soon, look as usual
+                self._empty_looks = 0
+                return self.store.maintenance_interval.total_seconds()
             if not due:
                 self._empty_looks += 1
                 factor = 1 << min(self._empty_looks - 1, RECOVERY_IDLE_DOUBLINGS)

@@ -24,10 +24,12 @@ FOR UPDATE SKIP LOCKED
 -- name: unordered_due_exists
 -- Whether recovery has anything to claim, read without a lock on the worker's housekeeping
 -- connection: a store without such rows then takes no batch connection for its recovery.
+-- The second column says whether any unordered row waits at all (due later, say within its
+-- grace): an idle store's recovery looks less often only while there is none.
 SELECT EXISTS (
     SELECT 1 FROM {outbox}
     WHERE lane = -1 AND coalesce(deliver_at, created_at + %(grace)s) <= pg_catalog.now()
-)
+), EXISTS (SELECT 1 FROM {outbox} WHERE lane = -1)
 
 -- name: unordered_settle
 -- Under the claim's row locks: delete what the broker acknowledged, and give each failed row its

@@ -52,15 +52,16 @@ class UnorderedStore:
         params = {"grace": self.store.unordered_grace, "limit": limit}
         return await self._claim(conn, "unordered_claim_due", params)
 
-    async def due_exists(self, conn: Connection) -> bool:
-        """Whether a row is due for recovery (``claim_due`` would find one, unless another
-        sender holds it); read on an autocommit connection, taking no lock."""
+    async def look(self, conn: Connection) -> tuple[bool, bool]:
+        """(a row is due for recovery: ``claim_due`` would find one unless another sender holds
+        it; any unordered row waits at all), in one statement on an autocommit connection,
+        taking no lock."""
         with translated(self.store, "look for unordered rows"):
             cursor = await conn.execute(
                 self.queries["unordered_due_exists"], {"grace": self.store.unordered_grace}
             )
             row = await cursor.fetchone()
-        return bool(row and row[0])
+        return (bool(row[0]), bool(row[1])) if row else (False, False)
 
     async def _claim(
         self, conn: Connection, query: str, params: Mapping[str, Any]

@@ -236,6 +236,10 @@ class KafkaTransport:
         while True:
             if generation.fatal is not None:
                 raise _rebuilding(generation.fatal)
+            if not len(generation.producer):
+                # Nothing waited, so nothing is overdue: a stall is measured from now, not
+                # from the last report (the poll thread may not have seen it empty yet).
+                generation.last_report = time.monotonic()
             try:
                 generation.producer.produce(
                     topic,
@@ -285,6 +289,8 @@ class KafkaTransport:
             raise _rebuilding(generation.fatal)
         produce = generation.producer.produce
         waiting = generation.waiting
+        if not len(generation.producer):
+            generation.last_report = time.monotonic()  # as in publish: nothing was overdue
         try:
             for index in indexes:
                 message_id = ids[index]
