@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -67,11 +68,13 @@ def pg_template(pg_server: str) -> Iterator[str]:
             )
 
 
-@pytest.fixture
-def pg_dsn(pg_server: str, pg_template: str) -> Iterator[str]:
-    """The DSN of a fresh database, cloned from the template, dropped after the test."""
-    name = f"relayer_test_{os.getpid()}_{next(_database_numbers)}"
+@contextlib.contextmanager
+def fresh_database(pg_server: str, pg_template: str, name: str) -> Iterator[str]:
+    """The DSN of database ``name``, cloned from the template (dropped first if a crashed run
+    left it), dropped at the end of the block."""
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
     with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(drop)
         admin.execute(
             sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
                 sql.Identifier(name), sql.Identifier(pg_template)
@@ -81,9 +84,15 @@ def pg_dsn(pg_server: str, pg_template: str) -> Iterator[str]:
         yield with_database(pg_server, name)
     finally:
         with psycopg.connect(pg_server, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+            admin.execute(drop)
+
+
+@pytest.fixture
+def pg_dsn(pg_server: str, pg_template: str) -> Iterator[str]:
+    """The DSN of a fresh database, cloned from the template, dropped after the test."""
+    name = f"relayer_test_{os.getpid()}_{next(_database_numbers)}"
+    with fresh_database(pg_server, pg_template, name) as dsn:
+        yield dsn
 
 
 def make_store(dsn: str, **overrides: Any) -> StoreSettings:

@@ -22,7 +22,7 @@ from relayer.errors import ConfigurationError
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker
-from tests.conftest import apply_schema, make_store, with_database
+from tests.conftest import apply_schema, fresh_database, make_store, with_database
 from tests.integration.relay.helpers import bodies_by_key, first_deliveries_in_order, write
 from tests.pgbouncer import PgBouncer
 
@@ -36,23 +36,8 @@ PER_KEY = 5
 @pytest.fixture
 def second_dsn(pg_server: str, pg_template: str) -> Iterator[str]:
     """A second fresh database on the same server (dropped after the test)."""
-    name = f"relayer_budget_b_{os.getpid()}"
-    with psycopg.connect(pg_server, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        admin.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(pg_template)
-            )
-        )
-    try:
-        yield with_database(pg_server, name)
-    finally:
-        with psycopg.connect(pg_server, autocommit=True) as admin:
-            admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+    with fresh_database(pg_server, pg_template, f"relayer_budget_b_{os.getpid()}") as dsn:
+        yield dsn
 
 
 async def stores_in(
