@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -35,6 +36,24 @@ def with_user(dsn: str, user: str) -> str:
         parts = urlsplit(dsn)
         return urlunsplit(parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}"))
     return f"{dsn} user={user}"
+
+
+_LOGGERS = ("", "relayer", "aiormq", "psycopg")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The CLI, run in-process by some tests, replaces the root logger's handlers with one on
+    sys.stderr (pytest's capture file, closed after the test): put back what was there, or a
+    later test's log line fails to write ("I/O operation on closed file")."""
+    saved = [
+        (logger, list(logger.handlers), logger.level)
+        for logger in (logging.getLogger(name) for name in _LOGGERS)
+    ]
+    yield
+    for logger, handlers, level in saved:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

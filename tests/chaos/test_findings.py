@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from collections.abc import Awaitable
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
@@ -40,10 +41,23 @@ async def test_a_fatal_error_raised_by_poll_rebuilds_the_producer() -> None:
         first = await transport.publish(OutgoingMessage(uuid.uuid4(), "orders", b"1", key="a"))
         with pytest.raises(TransportUnavailableError):
             await asyncio.wait_for(first, 3)  # failed as "will be sent again", not lost
-        again = await transport.publish(OutgoingMessage(uuid.uuid4(), "orders", b"2", key="a"))
+        # The rebuild runs on the event loop just after the failure: until it has, a publish
+        # is refused as unavailable (the relay holds the lane and tries again).
+        again = await _publish_once_rebuilt(transport, b"2")
         await asyncio.wait_for(again, 3)  # a rebuilt producer delivers
+        assert len(producers) == 2
     finally:
         await asyncio.wait_for(transport.close(), 10)
+
+
+async def _publish_once_rebuilt(transport: KafkaTransport, body: bytes) -> Awaitable[None]:
+    message = OutgoingMessage(uuid.uuid4(), "orders", body, key="a")
+    for _ in range(300):
+        try:
+            return await transport.publish(message)
+        except TransportUnavailableError:
+            await asyncio.sleep(0.01)
+    raise AssertionError("the producer was not rebuilt within 3 s")
 
 
 class SilentProducer(FakeProducer):
