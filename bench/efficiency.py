@@ -1,7 +1,8 @@
 """Efficiency: CPU per message of every process on the data path, against the machine's limit.
 
     python bench/efficiency.py [--rows 100000] [--transport kafka,rabbitmq,memory] [--rounds 1]
-                               [--no-steady] [--steady-seconds 30] [--steady-rate 1000]
+                               [--no-steady] [--no-drains] [--steady-seconds 30]
+                               [--steady-rate 1000]
                                [--lanes 65536]
 
 Contenders, measured in one run against the same PostgreSQL and brokers:
@@ -402,11 +403,12 @@ async def main_async(arguments: argparse.Namespace) -> None:
             pids = rabbitmq_pids()
             if pids:
                 environment.broker_pids["rabbitmq"] = pids
-        results = await measure_all(environment)
-        print_table(list(results.values()), arguments.rounds)
-        print_limits(results, environment)
-        if len(arguments.lanes) > 1:
-            await print_lanes(results, environment)
+        if arguments.drains:
+            results = await measure_all(environment)
+            print_table(list(results.values()), arguments.rounds)
+            print_limits(results, environment)
+            if len(arguments.lanes) > 1:
+                await print_lanes(results, environment)
         if arguments.steady:
             chosen = arguments.transports
             await steady(environment, "kafka" if "kafka" in chosen else chosen[0])
@@ -521,6 +523,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="steady mode, to Kafka if selected (else the first transport)",
+    )
+    parser.add_argument(
+        "--drains",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the backlog drains, bare contenders and limits (--no-drains: the steady mode only)",
     )
     parser.add_argument(
         "--steady-seconds", type=bounded(float, 3), default=30.0, help="warm-up included"
