@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -100,6 +100,7 @@ class StoreStats:
     write_to_ack_seconds: Histogram = field(default_factory=write_to_ack_histogram)
 
     def record(self, result: ScanResult) -> None:
+        """Count one lane scan (its acknowledged rows' ages: ``observe_acked``, per batch)."""
         self.scans += 1
         self.by_scan[result.scan.value] = self.by_scan.get(result.scan.value, 0) + 1
         if result.scan is Scan.SENT:
@@ -107,11 +108,20 @@ class StoreStats:
             self.sent += result.sent
             self.failed += result.failed
             self.gave_up += result.gave_up
-            if result.acked:
-                self.write_to_ack_seconds.observe_ages(result.acked, time.time_ns() // 1_000_000)
         elif result.scan in (Scan.FAILED, Scan.UNAVAILABLE):
             self.rollbacks += 1
             self.last_error = result.detail
+
+    def observe_acked(self, results: Iterable[ScanResult], *, now_ms: int | None = None) -> None:
+        """Record the write-to-ack age (at ``now_ms``, default now) of every row a batch
+        transaction's lanes had acknowledged, in one pass over the batch (each lane's ids
+        ascend: sorting their concatenation merges runs), not one per lane."""
+        acked = [message_id for result in results for message_id in result.acked]
+        if acked:
+            acked.sort()
+            if now_ms is None:
+                now_ms = time.time_ns() // 1_000_000
+            self.write_to_ack_seconds.observe_ages(acked, now_ms)
 
 
 class StoreRuntime:
@@ -171,13 +181,17 @@ class StoreRuntime:
         self._waking: asyncio.Future[None] | None = None
         self._releasing: asyncio.Future[None] | None = None
         self._wake_again = False
+        self._wake_fully = False  # a wake-up other than the fallback poll is waiting
         self.linger = store.wake_linger.total_seconds()
         self._window_ends = float("-inf")
         # Consecutive polls that found no row: while LISTEN wakes the store, an idle store's
         # fallback poll waits twice as long after each (idle_poll_wait).
         self._idle_polls = 0
-        # Lanes a wake-up probe just found with a due head: their scan skips its own probe.
-        self._due_heads: dict[int, float] = {}
+        # Lanes known to have a due head (a probe saw it, a writer's notification named the
+        # lane, or a batch left rows) whose scan is waiting: it skips its own probe, a batch of
+        # other lanes may take the lane (_widen), and wake-up probes leave it out. Only this
+        # member sends its lanes, so a head seen due stays due until the lane's next scan.
+        self._due: set[int] = set()
         # Lanes whose last scan met a broker or database that could not be used: no wake-up
         # (a writer's NOTIFY, a probe) scans them before their retry_backoff is over, so an
         # outage costs one attempt per lane per backoff however fast rows are written.
@@ -191,7 +205,7 @@ class StoreRuntime:
         for lane in range(self.store.lanes):
             if lane not in lanes:
                 self.queue.discard(lane)
-                self._due_heads.pop(lane, None)
+                self._due.discard(lane)
                 self._held.pop(lane, None)
         self.wake_all()  # probe the new share: lanes with due heads get scanned
 
@@ -205,9 +219,8 @@ class StoreRuntime:
         self._idle_polls = 0
         if lane in self.membership.lanes:
             # Skip the probe: a row was just committed in this lane.
-            now = self.now()
-            self._due_heads[lane] = now
-            self._schedule(lane, self._wake_window(now))
+            self._due.add(lane)
+            self._schedule(lane, self._wake_window(self.now()))
 
     def _notified(self, payload: str) -> None:
         self.woken(payload)  # looked up on each notification: tests wrap it on a running worker
@@ -221,10 +234,16 @@ class StoreRuntime:
             self._window_ends = now + self.linger
         return self._window_ends
 
-    def wake_all(self) -> None:
-        """Probe every owned lane in one query and scan the lanes whose head is due, now (every
-        poll_interval, on an empty NOTIFY, after a reconnect or a new share). Idle lanes cost
-        no job and no write. Wake-ups that arrive during a probe fold into one more."""
+    def wake_all(self, *, fallback: bool = False) -> None:
+        """Probe every owned lane in one query and scan the lanes whose head is due, now (on an
+        empty NOTIFY, after a reconnect or a new share; ``fallback``: the poll every
+        poll_interval). Idle lanes cost no job and no write, and lanes whose head is known to
+        be due (their scan waits) are left out of the probe. The fallback poll is for
+        notifications that were lost, so it also leaves out every lane whose scan is waiting
+        or running (that scan probes the lane or reschedules it). Wake-ups that arrive during
+        a probe fold into one more."""
+        if not fallback:
+            self._wake_fully = True
         if self._waking is not None and not self._waking.done():
             self._wake_again = True
             return
@@ -234,20 +253,24 @@ class StoreRuntime:
         self._wake_again = True
         while self._wake_again:
             self._wake_again = False
+            fully, self._wake_fully = self._wake_fully, False
             membership = self.membership
             if not membership.lanes:
                 return
+            skip = frozenset(self._due) if fully else self.queue.keys()
             try:
-                heads = await self.prober.heads(membership.rank, len(membership.members))
+                heads = await self.prober.heads(membership.rank, len(membership.members), skip=skip)
             except StoreError as exc:
                 self.stats.last_error = str(exc)
                 return  # the next poll tries again
             now = self.now()
+            # A poll that found no lane to wake (every lane with rows has its scan waiting or
+            # running, or there is none) makes the fallback poll wait longer (idle_poll_wait).
             self._idle_polls = 0 if heads else self._idle_polls + 1
             for head in heads:
                 decided = self.relay.after_probe(head)
                 if decided is None:
-                    self._due_heads[head.lane] = now
+                    self._due.add(head.lane)
                     self._schedule(head.lane, now)
                 elif decided.scan in (Scan.FUTURE, Scan.BUSY):
                     self._schedule(head.lane, now + decided.next_in)
@@ -264,7 +287,8 @@ class StoreRuntime:
 
     def idle_poll_wait(self) -> float:
         """How long the fallback poll waits now: poll_interval, doubled after each poll in a
-        row that found no row, up to IDLE_POLL_MAX (at most lease_duration / 3), while a
+        row that found no lane to wake (no row, or rows only in lanes whose scan is waiting or
+        running already), up to IDLE_POLL_MAX (at most lease_duration / 3), while a
         LISTEN connection wakes the store (a writer's notification, a lane change or a
         reconnect sets it back). Without LISTEN the poll is the only wake-up: no doubling."""
         poll = self.relay.poll
@@ -280,7 +304,7 @@ class StoreRuntime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.idle_poll_wait())
             if not stop.is_set():
-                self.wake_all()
+                self.wake_all(fallback=True)
             for log in self._logs():
                 log.flush_due()
 
@@ -288,7 +312,10 @@ class StoreRuntime:
         """One lane scan: probe, send a batch if the head is due, and always reschedule (unless
         the worker is stopping)."""
         if lane not in self.membership.lanes or self.membership.expired() or self.relay.stopped:
-            return  # not ours (any more): membership reschedules it if it comes back
+            # Not ours (any more), or not now: membership reschedules it if it comes back, and
+            # the next wake-up probe looks at it again.
+            self._due.discard(lane)
+            return
         try:
             result = await self._scan(lane)
         except StoreError as exc:  # a probe or a pooled connection failed
@@ -350,13 +377,14 @@ class StoreRuntime:
             if result.scan in (Scan.SENT, Scan.WAITING):
                 # Rows are left (the batch read a full batch or was cut short, or a probe just
                 # saw the head due): the next scan needs no probe to know that.
-                self._due_heads[lane] = now
+                self._due.add(lane)
             self.queue.schedule(lane, now + result.next_in)
 
     async def _scan(self, lane: int) -> ScanResult:
-        seen = self._due_heads.pop(lane, None)
-        if seen is None or self.now() - seen > self.relay.poll:
-            # Not just seen due by a wake-up probe: probe first (no writes for idle lanes).
+        if lane in self._due:
+            self._due.discard(lane)
+        else:
+            # No due head known: probe first (no writes for idle lanes).
             decided = self.relay.after_probe(await self.prober.head(lane))
             if decided is not None:
                 return decided
@@ -390,6 +418,7 @@ class StoreRuntime:
                 for job in extra:  # their next scan comes from the poll (or a notification)
                     self.queue.finish(job)
                 raise
+        self.stats.observe_acked(results)
         by_lane = {result.lane: result for result in results}
         for job in extra:
             self._scanned(job.key, by_lane.pop(job.key))
@@ -400,15 +429,16 @@ class StoreRuntime:
         return by_lane
 
     def _widen(self, lanes: list[int]) -> list[Job[int]]:
-        """Jobs of other lanes due in this store's queue whose heads a probe just saw due, up
-        to WIDE_BATCH_LANES lanes in all, taken from the queue for the batch of ``lanes``. Due
+        """Jobs of other lanes due in this store's queue whose heads are known to be due (seen
+        by a probe, named by a writer's notification or left by a batch), up to
+        WIDE_BATCH_LANES lanes in all, taken from the queue for the batch of ``lanes``. Due
         jobs wait in the queue only while every slot is busy: under a light load a batch is
         not widened.
 
         They ride on the slot of the batch's own scans: the dispatch layer granted that slot
         for one batch transaction (a store's concurrency limit counts batches in flight), and
-        a paused store starts no scan, so no batch to widen. A lane whose head was not just
-        seen due goes back to wait for a scan of its own (with its probe): no lane is locked,
+        a paused store starts no scan, so no batch to widen. A lane whose head is not known to
+        be due goes back to wait for a scan of its own (with its probe): no lane is locked,
         and its lease written, without a due head.
         """
         room = WIDE_BATCH_LANES - len(lanes)
@@ -418,15 +448,18 @@ class StoreRuntime:
         jobs = self.queue.claim(now, min(room, self.queue.due_count(now)))
         taken: list[Job[int]] = []
         owned = self.membership.lanes
+        due = self._due
         for job in jobs:
-            seen = self._due_heads.get(job.key)
-            if job.key in owned and seen is not None and now - seen <= self.relay.poll:
-                del self._due_heads[job.key]
+            lane = job.key
+            if lane in due and lane in owned:
+                due.discard(lane)
                 taken.append(job)
             else:
                 self.queue.finish(job)
-                if job.key in owned:
-                    self.queue.schedule(job.key, job.due)
+                if lane in owned:
+                    self.queue.schedule(lane, job.due)
+                else:
+                    due.discard(lane)
         return taken
 
     def _release_soon(self) -> None:

@@ -102,6 +102,10 @@ class MemoryQueue(Generic[KeyT]):
     def is_running(self, key: KeyT) -> bool:
         return key in self._running
 
+    def keys(self) -> set[KeyT]:
+        """Every key with a job: waiting (due or not), running, or pending a re-schedule."""
+        return {*self._waiting, *self._running}
+
     def schedule(self, key: KeyT, due: float) -> bool:
         """Make ``key`` due at ``due``, or earlier if it already waits with an earlier time.
 

@@ -7,7 +7,7 @@ or a new share).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from relayer.relay.coalescing import Coalescer
 from relayer.store import Connect, Connection, LaneHead, RelayStore, Session
@@ -34,10 +34,12 @@ class Prober:
         heads = await self._query(lambda conn: self._store.probe(conn, lanes))
         return {head.lane: head for head in heads}
 
-    async def heads(self, rank: int, members: int) -> list[LaneHead]:
+    async def heads(self, rank: int, members: int, *, skip: Collection[int] = ()) -> list[LaneHead]:
         """The heads that hold rows in the share of the member at ``rank`` of ``members``
-        (lane % members == rank), in one query."""
-        return await self._query(lambda conn: self._store.probe_share(conn, rank, members))
+        (lane % members == rank), leaving out the lanes of ``skip``, in one query."""
+        return await self._query(
+            lambda conn: self._store.probe_share(conn, rank, members, skip=skip)
+        )
 
     async def _query(
         self, run: Callable[[Connection], Awaitable[list[LaneHead]]]

@@ -92,8 +92,10 @@ LEFT JOIN {leases} AS s ON s.lane = l.lane
 -- name: probe_share
 -- The same, for a member's whole share (up to 65,536 lanes), given as (rank, members): the
 -- lanes with lane %% members = rank. A loose index scan first finds the lanes that hold any row
--- (one index descent per busy lane, not per lane), and only those of the share are probed.
--- Lanes without rows are not returned.
+-- (one index descent per busy lane, not per lane), and only those of the share are probed,
+-- except the lanes whose bit is set in %(skip)s (a bytea, bit lane %% 8 of byte lane / 8; lanes
+-- past its end are probed): the worker already knows their heads are due. Lanes without rows
+-- are not returned.
 WITH RECURSIVE busy(lane) AS (
     (SELECT o.lane FROM {outbox} AS o WHERE o.lane >= 0 ORDER BY o.lane, o.id LIMIT 1)
     UNION ALL
@@ -112,6 +114,9 @@ JOIN LATERAL (
 ) AS h ON true
 LEFT JOIN {leases} AS s ON s.lane = l.lane
 WHERE %(rank)s >= 0 AND l.lane %% %(members)s = %(rank)s
+  AND CASE WHEN l.lane < 8 * pg_catalog.octet_length(%(skip)s::bytea)
+           THEN pg_catalog.get_bit(%(skip)s::bytea, l.lane) = 0
+           ELSE true END
 
 -- name: lock_lanes
 -- Take, renew or keep the leases of a group of lanes and lock their rows for the whole batch.

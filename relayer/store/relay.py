@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -150,13 +150,16 @@ class RelayStore:
             cursor = await conn.execute(self.queries["probe"], {"lanes": _text_list(lanes)})
             return _heads(await cursor.fetchall())
 
-    async def probe_share(self, conn: Connection, rank: int, members: int) -> list[LaneHead]:
+    async def probe_share(
+        self, conn: Connection, rank: int, members: int, *, skip: Collection[int] = ()
+    ) -> list[LaneHead]:
         """The heads of the lanes of the share of the member at ``rank`` of ``members`` that
-        hold a row (found with a loose index scan: the cost follows busy lanes, not lanes)."""
+        hold a row (found with a loose index scan: the cost follows busy lanes, not lanes),
+        except the lanes of ``skip`` (their heads are known already: no head is looked up for
+        them)."""
+        params = {"rank": rank, "members": max(members, 1), "skip": lane_bits(skip)}
         with translated(self.store, "probe the share"):
-            cursor = await conn.execute(
-                self.queries["probe_share"], {"rank": rank, "members": max(members, 1)}
-            )
+            cursor = await conn.execute(self.queries["probe_share"], params)
             return _heads(await cursor.fetchall())
 
     async def lock_and_read(
@@ -278,6 +281,18 @@ def _text_list(numbers: Sequence[int]) -> str:
     """Integers as the comma-separated text the statements split (string_to_array): one text
     parameter binds far faster than an array parameter."""
     return ",".join(map(str, numbers))
+
+
+def lane_bits(lanes: Collection[int]) -> bytes:
+    """``lanes`` as a bit string (bit ``lane % 8`` of byte ``lane // 8``, as PostgreSQL's
+    get_bit numbers a bytea's bits), as long as the highest lane needs: 8 KB for 65,536
+    lanes, bound as one parameter and tested in constant time per lane."""
+    if not lanes:
+        return b""
+    bits = bytearray((max(lanes) >> 3) + 1)
+    for lane in lanes:
+        bits[lane >> 3] |= 1 << (lane & 7)
+    return bytes(bits)
 
 
 def _heads(rows: Sequence[Sequence[Any]]) -> list[LaneHead]:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from relayer import fnv1a_32, lane_for, uuid7
 from relayer.ids import uuid7_time_ms
+from relayer.store.relay import lane_bits
 
 
 @pytest.mark.parametrize(
@@ -91,3 +92,12 @@ def test_uuid7_blocks_interleave_in_order_with_single_ids() -> None:
     assert sequence == sorted(sequence)
     assert len(set(sequence)) == len(sequence)
     assert all(value.version == 7 for value in sequence)
+
+
+def test_lane_bits_number_bits_as_postgres_get_bit_does() -> None:
+    assert lane_bits([]) == b""
+    assert lane_bits([0]) == b"\x01"
+    assert lane_bits([9, 0]) == b"\x01\x02"  # lane 9: bit 1 of byte 1
+    assert lane_bits({7, 8}) == b"\x80\x01"
+    every = lane_bits(range(65_536))
+    assert len(every) == 8192 and set(every) == {0xFF}

@@ -9,6 +9,8 @@ import pytest
 
 from relayer.ids import uuid7_time_ms
 from relayer.metrics import LATENCY_BUCKETS, SUM_SAMPLE, Histogram
+from relayer.relay import Scan, ScanResult
+from relayer.worker import StoreStats
 
 
 def uuid_at(ms: int, tail: int) -> UUID:
@@ -83,3 +85,27 @@ def test_one_histogram_over_many_batches_at_the_same_and_later_milliseconds() ->
             reference.observe((now_ms - uuid7_time_ms(value)) / 1000)
         assert batched.counts == reference.counts, step
     assert batched.count == reference.count
+
+
+def test_a_batch_of_many_lanes_is_observed_once_as_if_row_by_row() -> None:
+    """StoreStats.observe_acked: each lane's ids ascend, the batch's do not; the result is the
+    same as observing every row on its own."""
+    rng = random.Random(12)
+    now_ms = 1_900_000_000_000
+    lanes = [
+        sorted(uuid_at(now_ms - rng.randrange(0, 120_000), rng.getrandbits(62)) for _ in range(n))
+        for n in (1, 11, 0, 3, 40)
+    ]
+    results = [
+        ScanResult(lane, Scan.SENT, 0.0, sent=len(ids), acked=tuple(str(value) for value in ids))
+        for lane, ids in enumerate(lanes)
+    ]
+    stats = StoreStats()
+    stats.observe_acked(results, now_ms=now_ms)
+    reference = Histogram(LATENCY_BUCKETS)
+    for ids in lanes:
+        for value in ids:
+            reference.observe((now_ms - uuid7_time_ms(value)) / 1000)
+    assert stats.write_to_ack_seconds.counts == reference.counts
+    assert stats.write_to_ack_seconds.count == 55
+    assert stats.write_to_ack_seconds.total == pytest.approx(reference.total)

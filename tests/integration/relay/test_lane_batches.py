@@ -473,6 +473,29 @@ async def test_probe_is_one_query_for_lanes_scanned_together(
     await prober.close()
 
 
+async def test_a_share_probe_leaves_out_the_lanes_it_is_told_to_skip(pg_dsn: str) -> None:
+    store = make_store(
+        pg_dsn, lanes=12, transports={"memory": {"type": "memory"}}, default_transport="memory"
+    )
+    await apply_schema(store)
+    for lane in (1, 2, 5, 11):
+        write(store, keys_in_lane(store, lane, 1))
+    prober = Prober(RelayStore(store), lambda: connection_autocommit(store))
+    try:
+
+        async def probed(rank: int, members: int, skip: set[int]) -> list[int]:
+            return [head.lane for head in await prober.heads(rank, members, skip=skip)]
+
+        assert await probed(0, 1, set()) == [1, 2, 5, 11]
+        assert await probed(0, 1, {2}) == [1, 5, 11]
+        assert await probed(0, 1, {5, 7, 11}) == [1, 2]
+        assert await probed(0, 1, {1, 2, 5, 11}) == []
+        assert await probed(1, 2, {5}) == [1, 11]  # the odd lanes
+        assert await probed(0, 1, {0}) == [1, 2, 5, 11]  # lanes past the bits are probed
+    finally:
+        await prober.close()
+
+
 async def connection_autocommit(store: StoreSettings) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True)
 

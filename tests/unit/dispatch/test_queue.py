@@ -121,3 +121,18 @@ def test_many_reschedules_stay_consistent() -> None:
     assert queue.due_count(2000.0) == 100
     claimed = queue.claim(2000.0, 1000)
     assert keys(claimed) == list(range(99, -1, -1))
+
+
+def test_keys_are_the_waiting_running_and_rescheduled_ones() -> None:
+    queue: MemoryQueue[int] = MemoryQueue()
+    queue.schedule(1, 1.0)
+    queue.schedule(2, 9.0)  # not due yet: still a key with a job
+    queue.schedule(3, 1.0)
+    (running,) = queue.claim(1.0, 1)
+    assert running.key == 1
+    queue.schedule(1, 2.0)  # pending behind its running job
+    assert queue.keys() == {1, 2, 3}
+    queue.finish(running)
+    assert queue.keys() == {1, 2, 3}
+    queue.discard(3)
+    assert queue.keys() == {1, 2}
