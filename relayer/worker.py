@@ -182,6 +182,8 @@ class StoreRuntime:
         self._releasing: asyncio.Future[None] | None = None
         self._wake_again = False
         self._wake_fully = False  # a wake-up other than the fallback poll is waiting
+        # Batches of _send_group still waiting for their connection (_spread counts them).
+        self._connecting = 0
         self.linger = store.wake_linger.total_seconds()
         self._window_ends = float("-inf")
         # Consecutive polls that found no row: while LISTEN wakes the store, an idle store's
@@ -319,18 +321,22 @@ class StoreRuntime:
         try:
             result = await self._scan(lane)
         except StoreError as exc:  # a probe or a pooled connection failed
-            detail = str(exc)
-            self.log.warning(
-                ("scan_failed", shape(detail)),
-                "lane %s of store %s: %s; retrying in %.1f s",
-                lane,
-                self.store.name,
-                detail,
-                self.relay.backoff,
-                extra={"action": "scan_failed", "store": self.store.name, "lane": lane},
-            )
-            result = ScanResult(lane, Scan.FAILED, self.relay.backoff, detail=detail)
+            result = self._failed(lane, exc)
         self._scanned(lane, result)
+
+    def _failed(self, lane: int, exc: StoreError) -> ScanResult:
+        """The result of a scan whose probe or pooled connection failed (logged, throttled)."""
+        detail = str(exc)
+        self.log.warning(
+            ("scan_failed", shape(detail)),
+            "lane %s of store %s: %s; retrying in %.1f s",
+            lane,
+            self.store.name,
+            detail,
+            self.relay.backoff,
+            extra={"action": "scan_failed", "store": self.store.name, "lane": lane},
+        )
+        return ScanResult(lane, Scan.FAILED, self.relay.backoff, detail=detail)
 
     def _scanned(self, lane: int, result: ScanResult) -> None:
         """Count a lane scan's result and schedule the lane's next scan from it (none once
@@ -395,29 +401,77 @@ class StoreRuntime:
         turn (at most BATCH_LANES; more make several batches, sent concurrently), widened with
         other lanes already due in the store's queue. Under a light load a lane goes alone, at
         once; under a heavy one, many lanes with a few rows each share one lock, one outcome
-        statement and one commit instead of paying for one each."""
+        statement and one commit instead of paying for one each. When more lanes wait than
+        that batch could take, the lanes are spread over batches of their own (``_spread``),
+        each widened, sent concurrently."""
         if self.relay.stopped:  # not worth waiting for a connection
             return {lane: ScanResult(lane, Scan.STOPPED, 0.0) for lane in lanes}
+        groups = self._spread(lanes)
+        self._connecting += len(groups)
+        if len(groups) == 1:
+            return await self._send_batch(lanes)
+        results: dict[int, ScanResult] = {}
+        sent = await asyncio.gather(
+            *(self._send_batch(group) for group in groups), return_exceptions=True
+        )
+        unexpected: BaseException | None = None
+        for group, outcome in zip(groups, sent, strict=True):
+            if isinstance(outcome, dict):
+                results.update(outcome)
+            elif isinstance(outcome, StoreError):  # this batch's pooled connection failed
+                results.update((lane, self._failed(lane, outcome)) for lane in group)
+            else:
+                unexpected = unexpected or outcome
+        if unexpected is not None:
+            raise unexpected
+        return results
+
+    def _spread(self, lanes: list[int]) -> list[list[int]]:
+        """The batches ``lanes`` go in: one, unless more lanes wait in the store's queue than
+        one batch could take with them (WIDE_BATCH_LANES in all): then each of the ``lanes``
+        starts a batch of its own (at most as many as it takes to serve the waiting lanes),
+        which takes waiting lanes in turn. Each scan's slot then carries one batch
+        transaction, so a backlog over many lanes keeps as many batches in flight as it has
+        slots (their round trips and the broker's acknowledgements overlap) instead of one
+        per BATCH_LANES slots. Only as many as the worker's connection budget serves at once:
+        a batch that would wait for a connection goes with another one instead."""
+        if len(lanes) < 2:
+            return [lanes]
+        waiting = self.queue.due_count(self.now())
+        batches = min(len(lanes), -(-(len(lanes) + waiting) // WIDE_BATCH_LANES))
+        batches = min(batches, self.pool.available() - self._connecting)
+        if batches < 2:
+            return [lanes]
+        return [lanes[index::batches] for index in range(batches)]
+
+    async def _send_batch(self, lanes: list[int]) -> dict[int, ScanResult]:
         try:
             return await self._send_on_connection(lanes)
         except ConnectionsBusy as exc:  # the budget is spent: give the slot back for now
             return {lane: ScanResult(lane, Scan.WAITING, 0.0, detail=str(exc)) for lane in lanes}
 
     async def _send_on_connection(self, lanes: list[int]) -> dict[int, ScanResult]:
-        async with self.pool.connection("get a batch connection", wait=CONNECTION_WAIT) as conn:
-            # Taken once the connection is ours: lanes that became due while it was awaited
-            # join too.
-            extra = self._widen(lanes)
-            try:
-                started = time.perf_counter()
-                results = await self.relay.send_lanes(
-                    conn, sorted([*lanes, *(job.key for job in extra)]) if extra else lanes
-                )
-                self.stats.batch_seconds.observe(time.perf_counter() - started)
-            except BaseException:
-                for job in extra:  # their next scan comes from the poll (or a notification)
-                    self.queue.finish(job)
-                raise
+        connecting = True  # counted in _connecting (by _send_group) until it has one
+        try:
+            async with self.pool.connection("get a batch connection", wait=CONNECTION_WAIT) as conn:
+                self._connecting -= 1
+                connecting = False
+                # Taken once the connection is ours: lanes that became due while it was
+                # awaited join too.
+                extra = self._widen(lanes)
+                try:
+                    started = time.perf_counter()
+                    results = await self.relay.send_lanes(
+                        conn, sorted([*lanes, *(job.key for job in extra)]) if extra else lanes
+                    )
+                    self.stats.batch_seconds.observe(time.perf_counter() - started)
+                except BaseException:
+                    for job in extra:  # their next scan comes from the poll (or a notification)
+                        self.queue.finish(job)
+                    raise
+        finally:
+            if connecting:
+                self._connecting -= 1
         self.stats.observe_acked(results)
         by_lane = {result.lane: result for result in results}
         for job in extra:

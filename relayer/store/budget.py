@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 # A batch connection is closed when returned this long after it was opened (as psycopg_pool
 # does after an hour), so server-side memory a long-lived backend accumulates is given back.
 MAX_LIFETIME = 3600.0
+# What BatchPool.available reports for a budget without a limit.
+UNLIMITED = 1 << 30
 
 
 class ConnectionBudget:
@@ -231,6 +233,19 @@ class BatchPool:
             # Shielded: a cancelled batch must not lose the connection or its unit.
             await asyncio.shield(self._put(conn))
 
+    def available(self) -> int:
+        """How many transactions could have a connection now without waiting: this pool's
+        idle connections, plus the budget's free units unless someone waits for one (without
+        a limit, as many as anyone asks)."""
+        budget = self.budget
+        if self.closed:
+            return 0
+        if budget._waiters or budget._reservations:
+            return len(self.idle)
+        if budget.limit is None:
+            return UNLIMITED
+        return len(self.idle) + max(budget.limit - budget.used, 0)
+
     async def _get(self, store: StoreSettings, doing: str, wait: float) -> Connection:
         if self.closed:
             raise ConnectionsBusy(f"store {store.name!r}: {doing}: the worker is not serving it")
@@ -372,3 +387,6 @@ class StoreConnections:
         self, doing: str = "", *, wait: float | None = None
     ) -> contextlib.AbstractAsyncContextManager[Connection]:
         return self.pool.connection(doing, wait=wait, store=self.store)
+
+    def available(self) -> int:
+        return self.pool.available()

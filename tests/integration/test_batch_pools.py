@@ -158,3 +158,30 @@ async def test_a_hung_up_connection_has_left_pg_stat_activity(pg_dsn: str) -> No
                 "SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = %s", (pid,)
             )
             assert await cursor.fetchone() == (0,)
+
+
+async def test_available_counts_the_connections_to_be_had_without_waiting(pg_dsn: str) -> None:
+    budget = ConnectionBudget(3)
+    first, second = pools(make_store(pg_dsn), budget)
+    async with closing(first, second):
+        assert (first.available(), second.available()) == (3, 3)
+        async with AsyncExitStack() as stack:
+            await hold(first, 2, stack)
+            assert (first.available(), second.available()) == (1, 1)
+        # Its own idle connections, and the unit left; another database's idle ones are not
+        # counted (taking them closes a connection to open one).
+        assert (first.available(), second.available()) == (3, 1)
+        async with AsyncExitStack() as stack:
+            await hold(first, 3, stack)
+            assert first.available() == 0
+            waiting = asyncio.ensure_future(hold(second, 1, stack))
+            await asyncio.sleep(0)
+            assert second.available() == 0  # a waiter goes first
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+    unlimited = BatchPool(ConnectionBudget(None), make_store(pg_dsn), name="test:unlimited")
+    unlimited.open()
+    assert unlimited.available() > 1_000
+    await unlimited.close()
+    assert unlimited.available() == 0

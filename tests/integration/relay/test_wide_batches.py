@@ -1,14 +1,17 @@
 """A backlog spread over many lanes with a few rows each: one batch transaction takes many of
-the due lanes (up to WIDE_BATCH_LANES), each read with a smaller limit."""
+the due lanes (up to WIDE_BATCH_LANES), each read with a smaller limit, and each slot carries
+a batch of its own."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
 from relayer import Outbox
-from relayer.relay import WIDE_BATCH_LANES
+from relayer.relay import WIDE_BATCH_LANES, ScanResult
 from relayer.settings import WorkerSettings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker
@@ -68,3 +71,70 @@ async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_ds
     # A wide batch of 128 lanes reads 16 x batch_size / 128 = 1 row per lane: 24 transactions
     # for the 3,072 rows, 25 measured; batches of the two slots' own lanes took 538.
     assert transactions <= 2 * ROWS_PER_KEY * LANES // WIDE_BATCH_LANES, transactions
+
+
+async def test_a_backlog_over_more_lanes_than_a_batch_takes_keeps_a_batch_per_slot(
+    pg_dsn: str,
+) -> None:
+    store = make_store(
+        pg_dsn,
+        lanes=LANES,
+        batch_size=4,
+        lease_duration="60s",  # a stalled batch waits up to 30 s for its acknowledgements
+        transports={"memory": {"type": "memory"}},
+        default_transport="memory",
+    )
+    await apply_schema(store)
+    keys = keys_in_distinct_lanes(store, LANES)
+    outbox = Outbox(store)
+    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
+        for key in keys:
+            await outbox.write_async(conn, destination="events", body=key.encode(), key=key)
+        await conn.commit()
+    memory = MemoryTransport("memory")
+    await memory.start()
+    memory.stall()  # batches wait for their acknowledgements until resumed
+    slots = 4
+    worker = Worker(
+        [store],
+        transports={store.name: {"memory": memory}},
+        settings=WorkerSettings(pool_size=slots),
+    )
+    runtime = worker.runtimes[store.name]
+    sending = runtime.relay.send_lanes
+    in_flight: list[int] = []  # the batches in flight, each time one starts
+    running = ended = 0
+
+    async def counted(conn: Any, lanes: Sequence[int]) -> list[ScanResult]:
+        nonlocal running, ended
+        running += 1
+        in_flight.append(running)
+        try:
+            return await sending(conn, lanes)
+        finally:
+            running -= 1
+            ended += 1
+
+    runtime.relay.send_lanes = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        for _ in range(1200):
+            if running == slots or ended:
+                break
+            await asyncio.sleep(0.05)
+        # The first pass claimed a scan per slot; each started a batch of its own, widened,
+        # while the others stalled (one batch for the four would end only at its deadline).
+        assert (running, ended) == (slots, 0)
+        memory.resume()
+        for _ in range(1200):
+            if pending(store) == 0:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        memory.resume()
+        stop.set()
+        await task
+    assert pending(store) == 0
+    assert len(memory.received("events")) == LANES
+    assert max(in_flight) == slots  # never more batches than slots
