@@ -71,6 +71,11 @@ from relayer.transports.lifecycle import SharedTransports
 
 logger = logging.getLogger(__name__)
 
+# Under a backlog over more lanes than a batch takes, the scans due together start a batch per
+# this many of them, each taking waiting lanes (StoreRuntime._spread): 20 slots keep about five
+# batches in flight. More batches at once overlapped no more work on 2 cores and cost each
+# PostgreSQL backend more (connections that had not run the statements yet, contention).
+SPREAD_LANES = 4
 # How long a scan waits for a batch connection when the worker's budget has none free before
 # it gives its slot back (Scan.WAITING, scanned again at once; nothing is counted).
 CONNECTION_WAIT = 0.25
@@ -428,17 +433,19 @@ class StoreRuntime:
 
     def _spread(self, lanes: list[int]) -> list[list[int]]:
         """The batches ``lanes`` go in: one, unless more lanes wait in the store's queue than
-        one batch could take with them (WIDE_BATCH_LANES in all): then each of the ``lanes``
-        starts a batch of its own (at most as many as it takes to serve the waiting lanes),
-        which takes waiting lanes in turn. Each scan's slot then carries one batch
-        transaction, so a backlog over many lanes keeps as many batches in flight as it has
-        slots (their round trips and the broker's acknowledgements overlap) instead of one
-        per BATCH_LANES slots. Only as many as the worker's connection budget serves at once:
-        a batch that would wait for a connection goes with another one instead."""
-        if len(lanes) < 2:
+        one batch could take with them (WIDE_BATCH_LANES in all): then every SPREAD_LANES of
+        the ``lanes`` start a batch of their own (at most as many as it takes to serve the
+        waiting lanes), which takes waiting lanes in turn. A backlog over many lanes then
+        keeps a batch in flight per SPREAD_LANES slots (their round trips and the broker's
+        acknowledgements overlap) instead of one per BATCH_LANES slots. Only as many as the
+        worker's connection budget serves at once: a batch that would wait for a connection
+        goes with another one instead."""
+        if len(lanes) <= SPREAD_LANES:
             return [lanes]
         waiting = self.queue.due_count(self.now())
-        batches = min(len(lanes), -(-(len(lanes) + waiting) // WIDE_BATCH_LANES))
+        batches = min(
+            -(-len(lanes) // SPREAD_LANES), -(-(len(lanes) + waiting) // WIDE_BATCH_LANES)
+        )
         batches = min(batches, self.pool.available() - self._connecting)
         if batches < 2:
             return [lanes]
