@@ -12,7 +12,7 @@ import psycopg
 
 from relayer import Outbox
 from relayer.relay import WIDE_BATCH_LANES, ScanResult
-from relayer.settings import WorkerSettings
+from relayer.settings import StoreSettings, WorkerSettings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import SPREAD_LANES, Worker
 from tests.conftest import apply_schema, make_store
@@ -23,12 +23,14 @@ LANES = 1024
 ROWS_PER_KEY = 3
 
 
-async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_dsn: str) -> None:
+async def backlog(pg_dsn: str, lease_duration: str, rows_per_key: int) -> StoreSettings:
+    """A store of LANES lanes, batch_size 4, with ``rows_per_key`` rows in each lane (one key
+    a lane; bodies KEY#N), committed."""
     store = make_store(
         pg_dsn,
         lanes=LANES,
         batch_size=4,
-        lease_duration="20s",
+        lease_duration=lease_duration,
         transports={"memory": {"type": "memory"}},
         default_transport="memory",
     )
@@ -36,12 +38,17 @@ async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_ds
     keys = keys_in_distinct_lanes(store, LANES)
     outbox = Outbox(store)
     async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
-        for number in range(ROWS_PER_KEY):
+        for number in range(rows_per_key):
             for key in keys:
                 await outbox.write_async(
                     conn, destination="events", body=f"{key}#{number}".encode(), key=key
                 )
         await conn.commit()
+    return store
+
+
+async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_dsn: str) -> None:
+    store = await backlog(pg_dsn, "20s", ROWS_PER_KEY)
     memory = MemoryTransport("memory")
     # Two slots: without wide batches at most two lanes would go per transaction.
     worker = Worker(
@@ -76,21 +83,8 @@ async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_ds
 async def test_a_backlog_over_more_lanes_than_a_batch_takes_keeps_a_batch_per_slot(
     pg_dsn: str,
 ) -> None:
-    store = make_store(
-        pg_dsn,
-        lanes=LANES,
-        batch_size=4,
-        lease_duration="60s",  # a stalled batch waits up to 30 s for its acknowledgements
-        transports={"memory": {"type": "memory"}},
-        default_transport="memory",
-    )
-    await apply_schema(store)
-    keys = keys_in_distinct_lanes(store, LANES)
-    outbox = Outbox(store)
-    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
-        for key in keys:
-            await outbox.write_async(conn, destination="events", body=key.encode(), key=key)
-        await conn.commit()
+    # A stalled batch waits up to half a lease (30 s) for its acknowledgements.
+    store = await backlog(pg_dsn, "60s", 1)
     memory = MemoryTransport("memory")
     await memory.start()
     memory.stall()  # batches wait for their acknowledgements until resumed
