@@ -78,14 +78,15 @@ class Membership:
         self.log = ThrottledLog(logger)
 
     async def beat(self) -> None:
-        """One heartbeat: renew, learn the live members, recompute and apply the share."""
+        """One heartbeat: renew, learn the live members, give up the held lanes outside the
+        share they give this member, and apply that share (one statement)."""
         async with self.session.connection("heartbeat", urgent=True) as conn:
-            members = tuple(await self.db.heartbeat(conn, self.member, self._token))
-            self.last_beat = self._clock()
-            rank = members.index(self.member) if self.member in members else -1
-            changed = members != self.members or rank != self.rank
-            lanes = share(rank, len(members), self.store.lanes) if changed else self.lanes
-            released = await self.db.release_lanes(conn, self.member, rank, len(members))
+            live, released = await self.db.heartbeat(conn, self.member, self._token)
+        self.last_beat = self._clock()
+        members = tuple(live)
+        rank = members.index(self.member) if self.member in members else -1
+        changed = members != self.members or rank != self.rank
+        lanes = share(rank, len(members), self.store.lanes) if changed else self.lanes
         if changed:
             logger.info(
                 "member %s of store %s: rank %s of %s, %s lanes",

@@ -122,13 +122,18 @@ class RelayStore:
             await schema.require_meta(conn, self.store)
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
 
-    async def heartbeat(self, conn: Connection, member: str, token: UUID) -> list[str]:
-        """Renew ``member``, drop expired members; the live members in rank order."""
+    async def heartbeat(
+        self, conn: Connection, member: str, token: UUID
+    ) -> tuple[list[str], int]:
+        """Renew ``member``, drop expired members and give up the held lanes outside the share
+        the live members give it (as ``release_lanes``), in one statement: the live members in
+        rank order, and how many lanes were released."""
         with translated(self.store, "heartbeat"):
             cursor = await conn.execute(
                 self.queries["heartbeat"], {"member": member, "token": token, "lease": self.lease}
             )
-            return [str(row[0]) for row in await cursor.fetchall()]
+            rows = await cursor.fetchall()
+        return [str(row[0]) for row in rows], int(rows[0][1]) if rows else 0
 
     async def release_lanes(self, conn: Connection, member: str, rank: int, members: int) -> int:
         """Give up the held lanes outside the share of the member at ``rank`` of ``members``
