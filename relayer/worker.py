@@ -43,7 +43,7 @@ from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
 from relayer.dispatch.dispatcher import DispatcherConnection
 from relayer.errors import ConfigurationError, ConnectionsBusy, StoreError, UsageError
-from relayer.maintenance import Maintenance, maintenance_queue
+from relayer.maintenance import Maintenance, cleanup_lane, maintenance_queue
 from relayer.membership import Membership, new_instance_id
 from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
 from relayer.relay import (
@@ -157,12 +157,13 @@ class StoreRuntime:
         self.prober = Prober(RelayStore(store), session=self.housekeeping)
         self.pool = database.pool.for_store(store)
         # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
+        leading = cleanup_lane(store)
         self.maintenance = Maintenance(
             store,
             self.transports,
             self.pool,
             now,
-            leader=lambda: 0 in self.membership.lanes,
+            leader=lambda: leading in self.membership.lanes,
             session=self.housekeeping,
         )
         self.stats = StoreStats()
@@ -187,7 +188,7 @@ class StoreRuntime:
 
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
         self._idle_polls = 0
-        self.maintenance.lanes_changed()  # the cleanup runs where lane 0 is
+        self.maintenance.lanes_changed()  # the cleanup runs where its lane is
         for lane in range(self.store.lanes):
             if lane not in lanes:
                 self.queue.discard(lane)
@@ -456,9 +457,14 @@ class StoreRuntime:
             await listener.unsubscribe(self.store)
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
-        """What runs while the store is served, until ``halt`` is set: heartbeats, LISTEN and
-        the fallback poll."""
-        return [self.membership.run(self.halt), self.listen(self.halt), self.poll(self.halt)]
+        """What runs while the store is served, until ``halt`` is set: heartbeats, LISTEN, the
+        fallback poll and the maintenance looks."""
+        return [
+            self.membership.run(self.halt),
+            self.listen(self.halt),
+            self.poll(self.halt),
+            self.maintenance.watch(self.halt),
+        ]
 
     async def open(self) -> None:
         """Take what the store needs, in order: its dispatch gate's connection, its transports

@@ -122,9 +122,7 @@ class RelayStore:
             await schema.require_meta(conn, self.store)
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
 
-    async def heartbeat(
-        self, conn: Connection, member: str, token: UUID
-    ) -> tuple[list[str], int]:
+    async def heartbeat(self, conn: Connection, member: str, token: UUID) -> tuple[list[str], int]:
         """Renew ``member``, drop expired members and give up the held lanes outside the share
         the live members give it (as ``release_lanes``), in one statement: the live members in
         rank order, and how many lanes were released."""
