@@ -64,6 +64,7 @@ from relayer.store.databases import (
     Databases,
     plan_connections,
 )
+from relayer.store.housekeeping import next_tick
 from relayer.throttle import ThrottledLog, shape
 from relayer.tracing import RelayTracer, relay_tracer
 from relayer.transports.base import Transport
@@ -152,9 +153,14 @@ class StoreRuntime:
         self.database = database
         self.housekeeping = database.housekeeping.for_store(store)
         self.membership = Membership(
-            store, member, session=self.housekeeping, on_change=self._lanes_changed
+            store,
+            member,
+            session=self.housekeeping,
+            batched=database.batched,
+            on_change=self._lanes_changed,
         )
-        self.prober = Prober(RelayStore(store), session=self.housekeeping)
+        self.statements = RelayStore(store)
+        self.prober = Prober(self.statements, session=self.housekeeping)
         self.pool = database.pool.for_store(store)
         # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
         leading = cleanup_lane(store)
@@ -239,7 +245,12 @@ class StoreRuntime:
             if not membership.lanes:
                 return
             try:
-                heads = await self.prober.heads(membership.rank, len(membership.members))
+                if self._idle_polls and not await self.database.batched.holds_rows(self.statements):
+                    # Idle, and still no row in any lane: asked together with the database's
+                    # other idle stores, one column each, instead of a probe of its own.
+                    heads = []
+                else:
+                    heads = await self.prober.heads(membership.rank, len(membership.members))
             except StoreError as exc:
                 self.stats.last_error = str(exc)
                 return  # the next poll tries again
@@ -276,10 +287,12 @@ class StoreRuntime:
 
     async def poll(self, stop: asyncio.Event) -> None:
         """The fallback for lost notifications: probe every owned lane each poll_interval (less
-        often while the store is idle: idle_poll_wait)."""
+        often while the store is idle: idle_poll_wait). Each wait ends at the next multiple of
+        its length, so that the polls of the database's idle stores come due together (their
+        probes then go in one statement: relayer.store.housekeeping)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.idle_poll_wait())
+                await asyncio.wait_for(stop.wait(), next_tick(self.idle_poll_wait(), self.now()))
             if not stop.is_set():
                 self.wake_all()
             for log in self._logs():
@@ -481,7 +494,7 @@ class StoreRuntime:
             await self.database.attach(self.store)
             self._attached = True
             async with self.housekeeping.connection("check the schema", urgent=True) as conn:
-                await RelayStore(self.store).prepare(conn)
+                await self.statements.prepare(conn)
             await self.membership.beat()
             self._joined = True
             self.maintenance.start()

@@ -70,6 +70,13 @@ WHERE name IN (
     FOR UPDATE SKIP LOCKED
 )
 
+-- name: holds_rows
+-- An expression, not a statement: whether any lane holds a row (through the primary key; the
+-- unordered rows' lane -1 is left out). An idle store's poll asks this before it probes its
+-- share; the stores of a database are asked together, one column each of one SELECT
+-- (relayer.store.housekeeping).
+EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.lane >= 0)
+
 -- name: _sendable_rows
 -- A fragment (names starting with _ are pasted into the queries that name them): the rows of
 -- lane l.lane in id order, skipping keys parked and not yet due for a retry. The waiting keys
