@@ -75,6 +75,7 @@ async def read_health_and_retention(
             "sequence_retention": store.sequence_retention,
             "parked_retention": store.parked_retention,
         },
+        prepare=False,  # once a cleanup_interval: not worth a prepared statement's memory
     )
     row = await cursor.fetchone()
     assert row is not None  # one row, whatever the tables hold
