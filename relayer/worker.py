@@ -409,13 +409,17 @@ class StoreRuntime:
         for one batch transaction (a store's concurrency limit counts batches in flight), and
         a paused store starts no scan, so no batch to widen. A lane whose head was not just
         seen due goes back to wait for a scan of its own (with its probe): no lane is locked,
-        and its lease written, without a due head.
+        and its lease written, without a due head. A batch takes at most half of the lanes
+        due, so that others run beside it.
         """
         room = WIDE_BATCH_LANES - len(lanes)
         if room <= 0 or self.membership.expired() or self.relay.stopped:
             return []
         now = self.now()
-        jobs = self.queue.claim(now, min(room, self.queue.due_count(now)))
+        # At most half of the lanes still due: the rest start batches of their own beside
+        # this one (a backlog held by a few lanes with many rows is drained by transactions
+        # side by side, not by one wide one that leaves the other connections idle).
+        jobs = self.queue.claim(now, min(room, self.queue.due_count(now) // 2))
         taken: list[Job[int]] = []
         owned = self.membership.lanes
         for job in jobs:
