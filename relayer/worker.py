@@ -275,14 +275,24 @@ class StoreRuntime:
 
     async def poll(self, stop: asyncio.Event) -> None:
         """The fallback for lost notifications: probe every owned lane each poll_interval (less
-        often while the store is idle: idle_poll_wait)."""
+        often while the store is idle: idle_poll_wait). A poll while every owned lane has a
+        scan waiting or running probes nothing: each of them is scanned anyway (under a backlog
+        the probe of a whole share cost more than a batch)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.idle_poll_wait())
-            if not stop.is_set():
+            if not stop.is_set() and not self.every_lane_queued():
                 self.wake_all()
             for log in self._logs():
                 log.flush_due()
+
+    def every_lane_queued(self) -> bool:
+        """Every lane this member owns has a scan waiting or running in the store's queue."""
+        queue = self.queue
+        lanes = self.membership.lanes
+        if not lanes or len(queue) + queue.running < len(lanes):
+            return False
+        return all(queue.holds(lane) for lane in lanes)
 
     async def scan(self, lane: int) -> None:
         """One lane scan: probe, send a batch if the head is due, and always reschedule (unless
@@ -344,6 +354,9 @@ class StoreRuntime:
         now = self.now()
         if result.scan in (Scan.UNAVAILABLE, Scan.FAILED):
             self._held[lane] = now + result.next_in
+            # A notification that came while this scan ran asked for another scan at once:
+            # the hold wins (it is scheduled again below, at the hold's end).
+            self.queue.discard(lane)
         else:
             self._held.pop(lane, None)
         if lane in self.membership.lanes and not quiet:
