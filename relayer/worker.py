@@ -289,14 +289,24 @@ class StoreRuntime:
         """The fallback for lost notifications: probe every owned lane each poll_interval (less
         often while the store is idle: idle_poll_wait). Each wait ends at the next multiple of
         its length, so that the polls of the database's idle stores come due together (their
-        probes then go in one statement: relayer.store.housekeeping)."""
+        probes then go in one statement: relayer.store.housekeeping). A poll while every owned
+        lane has a scan waiting or running probes nothing: each of them is scanned anyway
+        (under a backlog the probe of a whole share cost more than a batch)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), next_tick(self.idle_poll_wait(), self.now()))
-            if not stop.is_set():
+            if not stop.is_set() and not self.every_lane_queued():
                 self.wake_all()
             for log in self._logs():
                 log.flush_due()
+
+    def every_lane_queued(self) -> bool:
+        """Every lane this member owns has a scan waiting or running in the store's queue."""
+        queue = self.queue
+        lanes = self.membership.lanes
+        if not lanes or len(queue) + queue.running < len(lanes):
+            return False
+        return all(queue.holds(lane) for lane in lanes)
 
     async def scan(self, lane: int) -> None:
         """One lane scan: probe, send a batch if the head is due, and always reschedule (unless
@@ -358,6 +368,9 @@ class StoreRuntime:
         now = self.now()
         if result.scan in (Scan.UNAVAILABLE, Scan.FAILED):
             self._held[lane] = now + result.next_in
+            # A notification that came while this scan ran asked for another scan at once:
+            # the hold wins (it is scheduled again below, at the hold's end).
+            self.queue.discard(lane)
         else:
             self._held.pop(lane, None)
         if lane in self.membership.lanes and not quiet:
@@ -423,13 +436,17 @@ class StoreRuntime:
         for one batch transaction (a store's concurrency limit counts batches in flight), and
         a paused store starts no scan, so no batch to widen. A lane whose head was not just
         seen due goes back to wait for a scan of its own (with its probe): no lane is locked,
-        and its lease written, without a due head.
+        and its lease written, without a due head. A batch takes at most half of the lanes
+        due, so that others run beside it.
         """
         room = WIDE_BATCH_LANES - len(lanes)
         if room <= 0 or self.membership.expired() or self.relay.stopped:
             return []
         now = self.now()
-        jobs = self.queue.claim(now, min(room, self.queue.due_count(now)))
+        # At most half of the lanes still due: the rest start batches of their own beside
+        # this one (a backlog held by a few lanes with many rows is drained by transactions
+        # side by side, not by one wide one that leaves the other connections idle).
+        jobs = self.queue.claim(now, min(room, self.queue.due_count(now) // 2))
         taken: list[Job[int]] = []
         owned = self.membership.lanes
         for job in jobs:

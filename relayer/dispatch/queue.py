@@ -102,6 +102,10 @@ class MemoryQueue(Generic[KeyT]):
     def is_running(self, key: KeyT) -> bool:
         return key in self._running
 
+    def holds(self, key: KeyT) -> bool:
+        """``key`` has a job waiting (due or not) or running."""
+        return key in self._waiting or key in self._running
+
     def schedule(self, key: KeyT, due: float) -> bool:
         """Make ``key`` due at ``due``, or earlier if it already waits with an earlier time.
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.cli import environment, relayer
+from tests.services import unavailable
 
 CONFIG = (
     '[stores.orders]\ndsn = "postgresql://user@127.0.0.1:1/db"\n'
@@ -82,7 +83,7 @@ def test_bash_completes_commands_options_choices_and_store_names(
 
 def test_fish_completes_commands_options_and_store_names(config: Path) -> None:
     if shutil.which("fish") is None:
-        pytest.skip("fish is not installed")
+        unavailable("fish is not installed")
     commands = [
         "relayer completion fish | source",
         'complete -C "relayer parked "',
@@ -109,7 +110,7 @@ def test_fish_completes_commands_options_and_store_names(config: Path) -> None:
 
 def test_zsh_registers_the_completion(config: Path) -> None:
     if shutil.which("zsh") is None:
-        pytest.skip("zsh is not installed")
+        unavailable("zsh is not installed")
     result = subprocess.run(
         [
             "zsh",
