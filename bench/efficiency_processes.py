@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from bench.cpu import find_processes
+from bench.relay import outbox_empty
 from relayer.settings import StoreSettings
 
 CHILDREN = Path(__file__).resolve().parent / "efficiency_children.py"
@@ -246,12 +246,6 @@ def backends_of(
         return [int(row[0]) for row in await cursor.fetchall()]
 
     return pids
-
-
-async def outbox_empty(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> bool:
-    table = sql.Identifier(store.db_schema, store.names.table("outbox"))
-    cursor = await conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(table))
-    return await cursor.fetchone() is None
 
 
 async def drained(
