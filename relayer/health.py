@@ -55,9 +55,9 @@ class StoreHealth:
 
 
 async def read_health(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreHealth:
-    """Read the health of ``store``'s tables (read-only, one statement; cheap enough for every
-    status call)."""
-    health, _ = await read_health_and_retention(conn, store)
+    """Read the health of ``store``'s tables (read-only, one statement reading the outbox and
+    the catalog only, so an operator's role can run it; cheap enough for every status call)."""
+    health, _ = await _read(conn, store, with_retention=False)
     return health
 
 
@@ -65,21 +65,33 @@ async def read_health_and_retention(
     conn: psycopg.AsyncConnection[Any], store: StoreSettings
 ) -> tuple[StoreHealth, bool]:
     """The health of ``store``'s tables, and whether a retention setting has rows to delete
-    (relayer.maintenance.cleanup would delete some), in one read-only statement."""
+    (relayer.maintenance.cleanup would delete some), in one read-only statement (it reads the
+    inbox, sequence and parked tables too: the relay's role)."""
+    return await _read(conn, store, with_retention=True)
+
+
+async def _read(
+    conn: psycopg.AsyncConnection[Any], store: StoreSettings, *, with_retention: bool
+) -> tuple[StoreHealth, bool]:
+    params: dict[str, Any] = {
+        "schema": store.db_schema,
+        "tables": [store.names.table(role) for role in TABLE_SUFFIXES],
+    }
+    if with_retention:
+        params.update(
+            inbox_retention=store.inbox_retention,
+            sequence_retention=store.sequence_retention,
+            parked_retention=store.parked_retention,
+        )
+    query = "store_health_and_retention" if with_retention else "store_health"
     cursor = await conn.execute(
-        queries_for(store.names)["store_health"],
-        {
-            "schema": store.db_schema,
-            "tables": [store.names.table(role) for role in TABLE_SUFFIXES],
-            "inbox_retention": store.inbox_retention,
-            "sequence_retention": store.sequence_retention,
-            "parked_retention": store.parked_retention,
-        },
+        queries_for(store.names)[query],
+        params,
         prepare=False,  # once a cleanup_interval: not worth a prepared statement's memory
     )
     row = await cursor.fetchone()
     assert row is not None  # one row, whatever the tables hold
-    names, live, dead, vacuumed, sizes, due_age, failing, attempts, error, retention_due = row
+    names, live, dead, vacuumed, sizes, due_age, failing, attempts, error = row[:9]
     found = tuple(
         TableHealth(str(name), int(live_rows), int(dead_rows), vacuum, int(size))
         for name, live_rows, dead_rows, vacuum, size in zip(
@@ -87,7 +99,8 @@ async def read_health_and_retention(
         )
     )
     health = StoreHealth(found, float(due_age), int(failing), int(attempts), error, ())
-    return replace(health, warnings=warnings_of(health, store)), bool(retention_due)
+    retention_due = bool(row[9]) if with_retention else False
+    return replace(health, warnings=warnings_of(health, store)), retention_due
 
 
 def warnings_of(health: StoreHealth, store: StoreSettings) -> tuple[str, ...]:

@@ -256,11 +256,15 @@ class StoreRuntime:
                 return  # the next poll tries again
             now = self.now()
             self._idle_polls = 0 if heads else self._idle_polls + 1
+            # Lanes found due while a wake_linger window is open join it: they go in the
+            # batches of the lanes notified within it (a poll that fell inside the window
+            # would otherwise start batches of its own a few milliseconds earlier).
+            due = self._window_ends if now < self._window_ends else now
             for head in heads:
                 decided = self.relay.after_probe(head)
                 if decided is None:
                     self._due_heads[head.lane] = now
-                    self._schedule(head.lane, now)
+                    self._schedule(head.lane, due)
                 elif decided.scan in (Scan.FUTURE, Scan.BUSY):
                     self._schedule(head.lane, now + decided.next_in)
 

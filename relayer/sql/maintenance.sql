@@ -28,13 +28,12 @@ SELECT (SELECT pg_catalog.count(*) FROM dropped), head_id, attempts, last_error,
        extract(epoch FROM pg_catalog.now() - updated_at)::float8
 FROM unparked
 
--- name: store_health
--- A store's health in one statement (relayer.health): each table's live and dead tuples, last
--- vacuum and size (one array per column, tables in name order); the age in seconds of the
--- oldest due row (by id, through the primary key; 0 if none); the unordered rows that failed
--- at least once (how many, the most attempts, the latest error); and whether a retention has
--- rows to delete (a NULL retention has none), so that a cleanup with nothing to delete starts
--- no transaction.
+-- name: _store_health
+-- A fragment: a store's health in one statement (relayer.health): each table's live and dead
+-- tuples, last vacuum and size (one array per column, tables in name order); the age in seconds
+-- of the oldest due row (by id, through the primary key; 0 if none); the unordered rows that
+-- failed at least once (how many, the most attempts, the latest error). It reads the outbox
+-- only, so an operator's role with the grants of docs/security.md can run it.
 -- The statistics are read with the functions behind pg_stat_user_tables, for these tables only:
 -- that view groups every relation of the database before a join can pick a few (with hundreds
 -- of stores in one database, most of the statement's time).
@@ -67,7 +66,17 @@ SELECT ARRAY(SELECT name FROM tables ORDER BY name),
        ), 0)::float8,
        (SELECT rows FROM failing),
        (SELECT attempts FROM failing),
-       (SELECT last_error FROM {outbox} WHERE lane = -1 AND attempts > 0 ORDER BY id DESC LIMIT 1),
+       (SELECT last_error FROM {outbox} WHERE lane = -1 AND attempts > 0 ORDER BY id DESC LIMIT 1)
+
+-- name: store_health
+-- The health alone (relayer status, the dashboard).
+{_store_health}
+
+-- name: store_health_and_retention
+-- The health, and whether a retention has rows to delete (a NULL retention has none), so that
+-- a cleanup with nothing to delete starts no transaction (the cleanup leader's look: it reads
+-- the inbox, sequence and parked tables, which an operator's role may not).
+{_store_health},
        EXISTS (
            SELECT 1 FROM {inbox}
            WHERE received_at < pg_catalog.now() - %(inbox_retention)s::interval
