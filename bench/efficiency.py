@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -144,7 +145,7 @@ async def relay_drain(environment: Environment, transport: str, lanes: int) -> R
                 environment.dsn, schema_name, options, notify=True, name=schema_name, lanes=lanes
             )
         )
-        config = write_config(store, options, folder)
+        config = write_config(store, options, folder, environment.arguments.store_options)
         async with (
             destination(environment, transport) as target,
             await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
@@ -483,6 +484,23 @@ def transports(text: str) -> list[str]:
     return chosen
 
 
+def store_option(text: str) -> str:
+    """``name=value`` as a TOML line of the store's section (the value a TOML string unless it
+    is a number or a boolean)."""
+    name, sep, value = text.partition("=")
+    name, value = name.strip(), value.strip()
+    if not sep or not name.isidentifier() or not value:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE (e.g. wake_linger=6ms), got {text!r}"
+        )
+    try:
+        float(value)
+    except ValueError:
+        if value not in ("true", "false"):
+            value = json.dumps(value)
+    return f"{name} = {value}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="default: RELAYER_BENCH_DSN, else an embedded PostgreSQL")
@@ -534,6 +552,15 @@ def main() -> None:
         "--steady-seconds", type=bounded(float, 3), default=30.0, help="warm-up included"
     )
     parser.add_argument("--steady-rate", type=bounded(float, 1), default=1000.0)
+    parser.add_argument(
+        "--store-option",
+        dest="store_options",
+        type=store_option,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a store setting for every relay contender, e.g. wake_linger=6ms (repeatable)",
+    )
     parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
     parser.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
     arguments = parser.parse_args()

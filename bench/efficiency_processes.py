@@ -14,15 +14,15 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from bench.cpu import find_processes
+from bench.relay import outbox_empty
 from relayer.settings import StoreSettings
 
 CHILDREN = Path(__file__).resolve().parent / "efficiency_children.py"
@@ -86,8 +86,14 @@ async def destination(environment: Environment, transport: str) -> AsyncIterator
         yield "events"
 
 
-def write_config(store: StoreSettings, transport: dict[str, Any], folder: str) -> str:
-    """The worker's TOML: the store and its transport only, every other setting its default."""
+def write_config(
+    store: StoreSettings,
+    transport: dict[str, Any],
+    folder: str,
+    store_options: Sequence[str] = (),
+) -> str:
+    """The worker's TOML: the store and its transport only, every other setting its default
+    unless ``store_options`` (``name = value`` lines of TOML, from --store-option) set it."""
     lines = [
         f'[stores."{store.name}"]',
         f'dsn = "{store.require_dsn()}"',
@@ -96,6 +102,7 @@ def write_config(store: StoreSettings, transport: dict[str, Any], folder: str) -
         f"lanes = {store.lanes}",
         "notify = true",
         'default_transport = "broker"',
+        *store_options,
         f'[stores."{store.name}".transports.broker]',
         *(f'"{name}" = "{value}"' for name, value in transport.items()),
     ]
@@ -239,12 +246,6 @@ def backends_of(
         return [int(row[0]) for row in await cursor.fetchall()]
 
     return pids
-
-
-async def outbox_empty(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> bool:
-    table = sql.Identifier(store.db_schema, store.names.table("outbox"))
-    cursor = await conn.execute(sql.SQL("SELECT 1 FROM {} LIMIT 1").format(table))
-    return await cursor.fetchone() is None
 
 
 async def drained(

@@ -50,7 +50,7 @@ async def steady(environment: Environment, transport: str) -> None:
         store = await applied(
             make_store(environment.dsn, schema_name, options, notify=True, name=schema_name)
         )
-        config = write_config(store, options, folder)
+        config = write_config(store, options, folder, environment.arguments.store_options)
         acks = Path(folder) / "acks.json"
         worker_options = {
             "config": config,
@@ -268,7 +268,7 @@ async def idle(environment: Environment, transport: str, lanes: int) -> tuple[fl
                 environment.dsn, schema_name, options, notify=True, name=schema_name, lanes=lanes
             )
         )
-        config = write_config(store, options, folder)
+        config = write_config(store, options, folder, environment.arguments.store_options)
         async with (
             await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
             cli_worker(config, store, folder) as worker,

@@ -3,7 +3,8 @@
     python bench/fleet.py [--stores 200] [--rows 1000] [--workers 2] [--max-connections 20]
 
 A fresh database gets ``--stores`` stores, a schema each, listed in a discovery file with
-weights 1, 2 and 4 (by thirds), each holding a backlog of ``--rows`` rows (the first store
+weights 1, 2 and 4 (by thirds), each holding a backlog of ``--rows`` rows (``--rows-by-weight``:
+``--rows`` times its weight, so that every store stays backlogged nearly to the end; the first store
 ``--big-rows`` instead, when given: a backlog far larger than the others'). ``--workers``
 processes run ``relayer run --template tenants`` with ``worker.max_connections`` and the memory
 transport (so that the figures are the relay's, not a broker's). It prints:
@@ -108,11 +109,11 @@ def fresh_database(server: str) -> Iterator[str]:
             )
 
 
-def tenants(count: int, rows: int, big_rows: int) -> list[Tenant]:
+def tenants(count: int, rows: int, big_rows: int, *, by_weight: bool = False) -> list[Tenant]:
     found = []
     for number in range(count):
         weight = WEIGHTS[number * len(WEIGHTS) // count]
-        backlog = big_rows if big_rows and number == 0 else rows
+        backlog = big_rows if big_rows and number == 0 else rows * (weight if by_weight else 1)
         found.append(Tenant(f"t{number:03d}", f"t{number:03d}", weight, backlog))
     return found
 
@@ -400,7 +401,7 @@ async def idle(dsn: str, workers: Sequence[WorkerProcess], seconds: float, settl
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    fleet = tenants(args.stores, args.rows, args.big_rows)
+    fleet = tenants(args.stores, args.rows, args.big_rows, by_weight=args.rows_by_weight)
     with postgres(args.dsn) as server, fresh_database(server) as dsn:
         print(f"{machine()}; {server_version(dsn)}")
         started = time.perf_counter()
@@ -451,6 +452,12 @@ def main() -> None:
     parser.add_argument("--stores", type=int, default=200)
     parser.add_argument("--rows", type=int, default=1_000, help="backlog of each store")
     parser.add_argument("--big-rows", type=int, default=0, help="the first store's backlog")
+    parser.add_argument(
+        "--rows-by-weight",
+        action="store_true",
+        help="each store's backlog is --rows x its weight: served by weight, every store drains "
+        "at about the same time, so the shares are measured over (almost) the whole drain",
+    )
     parser.add_argument("--lanes", type=int, default=8)
     parser.add_argument(
         "--batch-size",

@@ -106,16 +106,22 @@ async def write_backlog(
             await conn.commit()
 
 
-async def pending(store: StoreSettings) -> int:
-    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
-        cursor = await conn.execute(
-            psycopg.sql.SQL("SELECT count(*) FROM {}").format(
-                psycopg.sql.Identifier(store.db_schema, store.names.table("outbox"))
-            )
-        )
-        row = await cursor.fetchone()
-    assert row is not None
-    return int(row[0])
+async def outbox_empty(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> bool:
+    table = psycopg.sql.Identifier(store.db_schema, store.names.table("outbox"))
+    # Through the primary key, in its order: the entries of deleted rows are marked dead as the
+    # scan passes them, so each look is cheap. A plain LIMIT 1 walked the heap past every row
+    # deleted since the last vacuum (14 ms a look near the end of a drain, every 20 ms: the
+    # monitor took a third of a core from the relay it measured).
+    cursor = await conn.execute(
+        psycopg.sql.SQL("SELECT 1 FROM {} ORDER BY lane, id LIMIT 1").format(table)
+    )
+    return await cursor.fetchone() is None
+
+
+async def pending(store: StoreSettings) -> bool:
+    """Whether ``store``'s outbox holds a row (a connection of its own)."""
+    async with await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True) as conn:
+        return not await outbox_empty(conn, store)
 
 
 async def relayer_rate(

@@ -55,24 +55,52 @@ class StoreHealth:
 
 
 async def read_health(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreHealth:
-    """Read the health of ``store``'s tables (read-only; cheap enough for every status call)."""
-    queries = queries_for(store.names)
-    tables = [store.names.table(role) for role in TABLE_SUFFIXES]
+    """Read the health of ``store``'s tables (read-only, one statement reading the outbox and
+    the catalog only, so an operator's role can run it; cheap enough for every status call)."""
+    health, _ = await _read(conn, store, with_retention=False)
+    return health
+
+
+async def read_health_and_retention(
+    conn: psycopg.AsyncConnection[Any], store: StoreSettings
+) -> tuple[StoreHealth, bool]:
+    """The health of ``store``'s tables, and whether a retention setting has rows to delete
+    (relayer.maintenance.cleanup would delete some), in one read-only statement (it reads the
+    inbox, sequence and parked tables too: the relay's role)."""
+    return await _read(conn, store, with_retention=True)
+
+
+async def _read(
+    conn: psycopg.AsyncConnection[Any], store: StoreSettings, *, with_retention: bool
+) -> tuple[StoreHealth, bool]:
+    params: dict[str, Any] = {
+        "schema": store.db_schema,
+        "tables": [store.names.table(role) for role in TABLE_SUFFIXES],
+    }
+    if with_retention:
+        params.update(
+            inbox_retention=store.inbox_retention,
+            sequence_retention=store.sequence_retention,
+            parked_retention=store.parked_retention,
+        )
+    query = "store_health_and_retention" if with_retention else "store_health"
     cursor = await conn.execute(
-        queries["table_health"], {"schema": store.db_schema, "tables": tables}
+        queries_for(store.names)[query],
+        params,
+        prepare=False,  # once a cleanup_interval: not worth a prepared statement's memory
     )
-    found = tuple(
-        TableHealth(str(name), int(live), int(dead), vacuum, int(size))
-        for name, live, dead, vacuum, size in await cursor.fetchall()
-    )
-    cursor = await conn.execute(queries["oldest_due_age"])
     row = await cursor.fetchone()
-    due_age = float(row[0]) if row else 0.0
-    cursor = await conn.execute(queries["unordered_health"])
-    failing = await cursor.fetchone()
-    assert failing is not None
-    health = StoreHealth(found, due_age, int(failing[0]), int(failing[1]), failing[2], ())
-    return replace(health, warnings=warnings_of(health, store))
+    assert row is not None  # one row, whatever the tables hold
+    names, live, dead, vacuumed, sizes, due_age, failing, attempts, error = row[:9]
+    found = tuple(
+        TableHealth(str(name), int(live_rows), int(dead_rows), vacuum, int(size))
+        for name, live_rows, dead_rows, vacuum, size in zip(
+            names, live, dead, vacuumed, sizes, strict=True
+        )
+    )
+    health = StoreHealth(found, float(due_age), int(failing), int(attempts), error, ())
+    retention_due = bool(row[9]) if with_retention else False
+    return replace(health, warnings=warnings_of(health, store)), retention_due
 
 
 def warnings_of(health: StoreHealth, store: StoreSettings) -> tuple[str, ...]:

@@ -1,14 +1,23 @@
 """Maintenance of a store, as jobs of the worker's dispatch group.
 
 Each store a worker serves gets a second queue, ``<store>:maintenance``, next to its lane-scan
-queue, with one job per :class:`Task`, rescheduled after each run:
+queue, with one job per :class:`Task`:
 
 - ``RECOVER_UNORDERED`` (every worker): send unordered rows the application did not send within
-  ``unordered_grace`` (``relayer.unordered``); again at once after a full batch, otherwise after
-  ``maintenance_interval``. Several workers recover in parallel: claims skip each other's rows.
-- ``CLEANUP`` (only the worker that owns lane 0, so one per cluster): apply the retention
-  settings (``cleanup``), then check the table health and log what needs attention; every
-  ``cleanup_interval``.
+  ``unordered_grace`` (``relayer.unordered``); again at once after a full batch. Several workers
+  recover in parallel: claims skip each other's rows.
+- ``CLEANUP`` (only the worker that owns the store's cleanup lane, :func:`cleanup_lane`, so one
+  per cluster; the stores of a fleet spread over the workers): apply the retention settings
+  (``cleanup``); again at once while a table has more than one pass deletes.
+
+A job costs a claim on the dispatch gate and a batch connection. So a worker first *looks*, on
+its housekeeping connection and outside the dispatch layer (:meth:`Maintenance.watch`): for an
+unordered row due for recovery every ``maintenance_interval`` (up to 8 times less often while
+no unordered row waits at all), and, where it leads the cleanup, every ``cleanup_interval`` at
+the table health (its warnings are logged from there) and for rows a retention would delete,
+in one read-only statement. Only a look that finds work schedules the job; the next look comes
+an interval after the job ends. An idle store's maintenance costs a statement now and then and
+no dispatch job. Without a housekeeping session the jobs themselves run every interval.
 
 Neither task touches a lane lease, so lanes never wait for maintenance and maintenance never
 waits for a lane (parked-key retention excepted: it locks the key's lane like ``relayer parked
@@ -17,6 +26,7 @@ drop``, waiting at most for one batch).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +35,7 @@ from enum import IntEnum
 
 from relayer.dispatch import MemoryQueue
 from relayer.errors import StoreError
+from relayer.health import StoreHealth
 from relayer.lanes import fnv1a_32
 from relayer.settings import StoreSettings
 from relayer.store import Connection, MaintenanceStore, Session, Transactions, UnorderedStore
@@ -142,6 +153,14 @@ async def _drop_expired_parked(
     return keys, rows
 
 
+def cleanup_lane(store: StoreSettings) -> int:
+    """The lane whose owner leads ``store``'s cleanup: the same for every member of the store
+    (it follows the store's tables and lane count), and spread over the lanes across stores,
+    so that the workers of a fleet share the cleanups instead of the owner of lane 0 running
+    every store's."""
+    return fnv1a_32(f"{store.db_schema}.{store.table_prefix}".encode()) % store.lanes
+
+
 def _task_lock_key(store: StoreSettings, task: Task) -> int:
     """A 63-bit advisory-lock key for ``task`` of ``store`` (distinct from the schema lock)."""
     high = fnv1a_32(f"{store.db_schema}.{store.table_prefix}".encode())
@@ -152,10 +171,10 @@ def _task_lock_key(store: StoreSettings, task: Task) -> int:
 class Maintenance:
     """The maintenance queue of one store in a worker, and the handler of its jobs.
 
-    ``leader()`` tells whether this worker runs the cluster's cleanup (the worker owning lane 0).
-    Jobs borrow a connection from the store's batch pool, like lane batches; a job is one slot.
-    With ``session`` (the worker's housekeeping connection), recovery first looks there for a
-    due row, so a store without unordered rows holds no batch connection for it.
+    ``leader()`` tells whether this worker runs the cluster's cleanup (the worker owning the
+    store's :func:`cleanup_lane`). Jobs borrow a connection from the store's batch pool, like
+    lane batches; a job is one slot. With ``session`` (the worker's housekeeping connection),
+    :meth:`watch` looks there for work first and schedules a job only when it finds some.
     """
 
     def __init__(
@@ -181,68 +200,170 @@ class Maintenance:
         self.recovered = 0
         self.recovery_failed = 0
         self.last_cleanup: CleanupReport | None = None
-        # Recovery looks in a row that found no unordered row due: the next look waits twice
+        self.last_health: StoreHealth | None = None
+        # Recovery looks in a row that found no unordered row at all: the next look waits twice
         # as long after each, up to 2**RECOVERY_IDLE_DOUBLINGS x maintenance_interval (idle
-        # stores of a large fleet cost a claim and a query each every maintenance_interval
-        # otherwise).
+        # stores of a large fleet cost a query each every maintenance_interval otherwise).
         self._empty_looks = 0
         self._started = False
         self._leading = False
+        # With a session: when each task's next look is due (None: no look planned: its job is
+        # scheduled or running, or this worker does not lead the cleanup), the tasks whose job
+        # a look scheduled and that has not ended yet, and what wakes ``watch`` for a change.
+        self._looks: dict[Task, float | None] = {task: None for task in Task}
+        self._jobs: set[Task] = set()
+        self._changed = asyncio.Event()
         # After an outage, recovery sends batch after batch, and a task fails every retry.
         self.log = ThrottledLog(logger)
 
+    @property
+    def planned_looks(self) -> dict[Task, float]:
+        """When each planned look is due (with a session), by task: what an idle store's
+        maintenance waits for."""
+        return {task: due for task, due in self._looks.items() if due is not None}
+
     def start(self) -> None:
-        """Schedule recovery now, and the cleanup if this worker leads the store's cluster."""
+        """Begin recovery now, and the cleanup if this worker leads the store's cleanup."""
         self._started = True
-        self.queue.schedule(Task.RECOVER_UNORDERED, self.now())
+        self._plan(Task.RECOVER_UNORDERED, self.now())
         self.lanes_changed()
 
     def lanes_changed(self) -> None:
-        """The member's share changed: a worker that has just come to own lane 0 leads the
-        cleanup, from now on (only the leader's cleanup is scheduled: the others' would be a
-        dispatch job a minute for nothing, per store)."""
+        """The member's share changed: a worker that has just come to own the cleanup lane
+        leads the cleanup, from now on (only the leader plans it: the others would spend a
+        look or a dispatch job a minute per store for nothing)."""
         if not self._started:
             return
         was_leading, self._leading = self._leading, self.leader()
         if self._leading and not was_leading:
-            self.queue.schedule(Task.CLEANUP, self.now())
+            self._plan(Task.CLEANUP, self.now())
+
+    def _plan(self, task: Task, at: float) -> None:
+        """``task``'s next step at ``at``: its look (with a session, unless its job is still
+        to end, which plans the next look), else its job."""
+        if self.session is None:
+            self.queue.schedule(task, at)
+        elif task not in self._jobs:
+            self._looks[task] = at
+            self._changed.set()
+
+    def _start_job(self, task: Task) -> None:
+        self._jobs.add(task)
+        self.queue.schedule(task, self.now())
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Until ``stop`` is set: each look when it is due (with a session; without one the
+        jobs are the schedule and this returns at once). A look that finds work schedules its
+        job; one that fails is tried again after retry_backoff (at most 10 s)."""
+        if self.session is None:
+            return
+        while not stop.is_set():
+            now = self.now()
+            for task, due in list(self._looks.items()):
+                if due is not None and due <= now:
+                    self._looks[task] = None
+                    await self._look(task)
+            self._changed.clear()
+            planned = [due for due in self._looks.values() if due is not None]
+            timeout = max(min(planned) - self.now(), 0.0) if planned else None
+            waits = {
+                asyncio.ensure_future(stop.wait()),
+                asyncio.ensure_future(self._changed.wait()),
+            }
+            try:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+
+    async def _look(self, task: Task) -> None:
+        try:
+            if task is Task.RECOVER_UNORDERED:
+                await self._look_for_unordered()
+            else:
+                await self._look_at_tables()
+        except StoreError as exc:  # the gateway's, with a redacted message
+            retry = self._failed(task, exc)
+            if task not in self._jobs:
+                self._looks[task] = self.now() + retry
+
+    async def _look_for_unordered(self) -> None:
+        assert self.session is not None
+        async with self.session.connection("look for unordered rows") as conn:
+            due, waiting = await self.unordered.look(conn)
+        interval = self.store.maintenance_interval.total_seconds()
+        if due:
+            self._empty_looks = 0
+            self._start_job(Task.RECOVER_UNORDERED)
+            return
+        if waiting:  # rows within their grace: due soon, look as usual
+            self._empty_looks = 0
+        else:
+            self._empty_looks += 1
+            interval *= 1 << min(self._empty_looks - 1, RECOVERY_IDLE_DOUBLINGS)
+        self._looks[Task.RECOVER_UNORDERED] = self.now() + interval
+
+    async def _look_at_tables(self) -> None:
+        if not self.leader():
+            self._leading = False  # lanes_changed plans it when the cleanup lane comes back
+            return
+        assert self.session is not None
+        async with self.session.connection("read the table health") as conn:
+            health, retention_due = await self.db.look(conn)
+        self._report(health)
+        if retention_due:
+            self._start_job(Task.CLEANUP)  # the next look comes when it has ended
+            return
+        self.last_cleanup = CleanupReport()  # a pass with nothing to delete
+        self._looks[Task.CLEANUP] = self.now() + self.store.cleanup_interval.total_seconds()
+
+    def _report(self, health: StoreHealth) -> None:
+        self.last_health = health
+        for warning in health.warnings:
+            logger.warning(
+                "store %s: %s",
+                self.store.name,
+                warning,
+                extra={"action": "health", "store": self.store.name},
+            )
+
+    def _failed(self, task: Task, exc: StoreError) -> float:
+        """Log a failed look or job (one line per cause); the seconds before it is retried."""
+        retry = min(self.store.retry_backoff.total_seconds(), 10.0)
+        self.log.warning(
+            ("maintenance_failed", task, shape(str(exc))),
+            "store %s: maintenance task %s failed: %s; retrying in %.0f s",
+            self.store.name,
+            task.name.lower(),
+            exc,
+            retry,
+            extra={"action": "maintenance_failed", "store": self.store.name},
+        )
+        return retry
 
     async def run(self, key: int) -> None:
-        """Run one task and schedule its next run; never raises for database trouble."""
+        """Run one job and plan what comes next (the job again at once when there is more to
+        do; otherwise the next look, or without a session the job, an interval later); never
+        raises for database trouble."""
         task = Task(key)
         try:
             if task is Task.RECOVER_UNORDERED:
                 next_in = await self._recover()
             else:
                 cleanup_in = await self._cleanup()
-                if cleanup_in is None:
-                    return  # not the leader (any more): lanes_changed schedules it again
+                if cleanup_in is None:  # not the leader (any more): lanes_changed plans it
+                    self._jobs.discard(task)
+                    return
                 next_in = cleanup_in
-        except StoreError as exc:  # the gateway's, with a redacted message
-            self.log.warning(
-                ("maintenance_failed", task, shape(str(exc))),
-                "store %s: maintenance task %s failed: %s; retrying in %.0f s",
-                self.store.name,
-                task.name.lower(),
-                exc,
-                min(self.store.retry_backoff.total_seconds(), 10.0),
-                extra={"action": "maintenance_failed", "store": self.store.name},
-            )
-            next_in = min(self.store.retry_backoff.total_seconds(), 10.0)
-        self.queue.schedule(task, self.now() + next_in)
+        except StoreError as exc:
+            next_in = self._failed(task, exc)
+        if next_in <= 0.0 and task in self._jobs:
+            self.queue.schedule(task, self.now())  # more to do: the job again, no look first
+            return
+        self._jobs.discard(task)
+        self._plan(task, self.now() + next_in)
 
     async def _recover(self) -> float:
-        if self.session is not None:
-            async with self.session.connection("look for unordered rows") as conn:
-                due, waiting = await self.unordered.look(conn)
-            if not due and waiting:  # rows within their grace: due soon, look as usual
-                self._empty_looks = 0
-                return self.store.maintenance_interval.total_seconds()
-            if not due:
-                self._empty_looks += 1
-                factor = 1 << min(self._empty_looks - 1, RECOVERY_IDLE_DOUBLINGS)
-                return self.store.maintenance_interval.total_seconds() * factor
-        self._empty_looks = 0
         async with self.pool.connection("recover unordered rows") as conn:
             result = await self.sender.recover(conn, self.store.batch_size)
         self.recovered += result.sent
@@ -268,17 +389,11 @@ class Maintenance:
     async def _cleanup(self) -> float | None:
         interval = self.store.cleanup_interval.total_seconds()
         if not self.leader():
-            self._leading = False  # lanes_changed schedules it when lane 0 comes back
+            self._leading = False  # lanes_changed plans it when the cleanup lane comes back
             return None
         async with self.pool.connection("clean up") as conn:
             report = await cleanup(conn, self.store)
-            health = await self.db.health(conn)
+            if self.session is None:  # no look read the health: read it here
+                self._report(await self.db.health(conn))
         self.last_cleanup = report
-        for warning in health.warnings:
-            logger.warning(
-                "store %s: %s",
-                self.store.name,
-                warning,
-                extra={"action": "health", "store": self.store.name},
-            )
         return interval if report.complete else 0.0

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from relayer.errors import StoreError
 from relayer.settings import StoreSettings
 from relayer.store import Connect, RelayStore, Session
+from relayer.store.housekeeping import Housekeeping, next_tick
 from relayer.throttle import ThrottledLog
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Membership:
         connect: Connect | None = None,
         *,
         session: Session | None = None,
+        batched: Housekeeping | None = None,
         on_change: Callable[[frozenset[int]], None] = lambda lanes: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -64,6 +66,9 @@ class Membership:
         # worker's housekeeping connection, shared with probes, heartbeats going first), or
         # one of its own that ``connect`` opens (by default an autocommit connection).
         self.session = session or Session(store, connect, purpose="control")
+        # With ``batched`` (the housekeeping of the session's database), heartbeats go with
+        # those of the database's other stores that beat in the same event-loop turn.
+        self._batched = batched
         self._on_change = on_change
         self._clock = clock
         self._token = uuid.uuid4()
@@ -78,14 +83,20 @@ class Membership:
         self.log = ThrottledLog(logger)
 
     async def beat(self) -> None:
-        """One heartbeat: renew, learn the live members, recompute and apply the share."""
-        async with self.session.connection("heartbeat", urgent=True) as conn:
-            members = tuple(await self.db.heartbeat(conn, self.member, self._token))
-            self.last_beat = self._clock()
-            rank = members.index(self.member) if self.member in members else -1
-            changed = members != self.members or rank != self.rank
-            lanes = share(rank, len(members), self.store.lanes) if changed else self.lanes
-            released = await self.db.release_lanes(conn, self.member, rank, len(members))
+        """One heartbeat: renew, learn the live members, give up the held lanes outside the
+        share they give this member, and apply that share (one statement)."""
+        if self._batched is not None:
+            live, released = await self._batched.heartbeat(
+                self.session, self.db, self.member, self._token
+            )
+        else:
+            async with self.session.connection("heartbeat", urgent=True) as conn:
+                live, released = await self.db.heartbeat(conn, self.member, self._token)
+        self.last_beat = self._clock()
+        members = tuple(live)
+        rank = members.index(self.member) if self.member in members else -1
+        changed = members != self.members or rank != self.rank
+        lanes = share(rank, len(members), self.store.lanes) if changed else self.lanes
         if changed:
             logger.info(
                 "member %s of store %s: rank %s of %s, %s lanes",
@@ -141,7 +152,11 @@ class Membership:
 
         For the first lease/3 after joining, beat every second (at most): workers started
         together each see only the members that beat before them, and would otherwise keep
-        that view, and the lanes it gives them, until their next heartbeat."""
+        that view, and the lanes it gives them, until their next heartbeat.
+
+        Each wait ends at the next multiple of its length on the monotonic clock (never later
+        than the length itself), so that the heartbeats of the stores of one database come
+        due together and go in one round trip (relayer.store.housekeeping)."""
         settled_at = self._clock() + self.interval
         while not stop.is_set():
             delay = self.interval
@@ -165,7 +180,7 @@ class Membership:
                     self.rank = -1
                     self._set_lanes(frozenset())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+                await asyncio.wait_for(stop.wait(), next_tick(delay, self._clock()))
 
     async def leave(self) -> None:
         """Release every lane and the membership (graceful shutdown)."""

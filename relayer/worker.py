@@ -43,7 +43,7 @@ from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
 from relayer.dispatch.dispatcher import DispatcherConnection
 from relayer.errors import ConfigurationError, ConnectionsBusy, StoreError, UsageError
-from relayer.maintenance import Maintenance, maintenance_queue
+from relayer.maintenance import Maintenance, cleanup_lane, maintenance_queue
 from relayer.membership import Membership, new_instance_id
 from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
 from relayer.relay import (
@@ -64,6 +64,7 @@ from relayer.store.databases import (
     Databases,
     plan_connections,
 )
+from relayer.store.housekeeping import next_tick
 from relayer.throttle import ThrottledLog, shape
 from relayer.tracing import RelayTracer, relay_tracer
 from relayer.transports.base import Transport
@@ -167,17 +168,23 @@ class StoreRuntime:
         self.database = database
         self.housekeeping = database.housekeeping.for_store(store)
         self.membership = Membership(
-            store, member, session=self.housekeeping, on_change=self._lanes_changed
+            store,
+            member,
+            session=self.housekeeping,
+            batched=database.batched,
+            on_change=self._lanes_changed,
         )
-        self.prober = Prober(RelayStore(store), session=self.housekeeping)
+        self.statements = RelayStore(store)
+        self.prober = Prober(self.statements, session=self.housekeeping)
         self.pool = database.pool.for_store(store)
         # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
+        leading = cleanup_lane(store)
         self.maintenance = Maintenance(
             store,
             self.transports,
             self.pool,
             now,
-            leader=lambda: 0 in self.membership.lanes,
+            leader=lambda: leading in self.membership.lanes,
             session=self.housekeeping,
         )
         self.stats = StoreStats()
@@ -208,7 +215,7 @@ class StoreRuntime:
 
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
         self._idle_polls = 0
-        self.maintenance.lanes_changed()  # the cleanup runs where lane 0 is
+        self.maintenance.lanes_changed()  # the cleanup runs where its lane is
         for lane in range(self.store.lanes):
             if lane not in lanes:
                 self.queue.discard(lane)
@@ -266,7 +273,14 @@ class StoreRuntime:
                 return
             skip = frozenset(self._due) if fully else self.queue.keys()
             try:
-                heads = await self.prober.heads(membership.rank, len(membership.members), skip=skip)
+                if self._idle_polls and not await self.database.batched.holds_rows(self.statements):
+                    # Idle, and still no row in any lane: asked together with the database's
+                    # other idle stores, one column each, instead of a probe of its own.
+                    heads = []
+                else:
+                    heads = await self.prober.heads(
+                        membership.rank, len(membership.members), skip=skip
+                    )
             except StoreError as exc:
                 self.stats.last_error = str(exc)
                 return  # the next poll tries again
@@ -274,11 +288,15 @@ class StoreRuntime:
             # A poll that found no lane to wake (every lane with rows has its scan waiting or
             # running, or there is none) makes the fallback poll wait longer (idle_poll_wait).
             self._idle_polls = 0 if heads else self._idle_polls + 1
+            # Lanes found due while a wake_linger window is open join it: they go in the
+            # batches of the lanes notified within it (a poll that fell inside the window
+            # would otherwise start batches of its own a few milliseconds earlier).
+            due = self._window_ends if now < self._window_ends else now
             for head in heads:
                 decided = self.relay.after_probe(head)
                 if decided is None:
                     self._due.add(head.lane)
-                    self._schedule(head.lane, now)
+                    self._schedule(head.lane, due)
                 elif decided.scan in (Scan.FUTURE, Scan.BUSY):
                     self._schedule(head.lane, now + decided.next_in)
 
@@ -306,14 +324,26 @@ class StoreRuntime:
 
     async def poll(self, stop: asyncio.Event) -> None:
         """The fallback for lost notifications: probe every owned lane each poll_interval (less
-        often while the store is idle: idle_poll_wait)."""
+        often while the store is idle: idle_poll_wait). Each wait ends at the next multiple of
+        its length, so that the polls of the database's idle stores come due together (their
+        probes then go in one statement: relayer.store.housekeeping). A poll while every owned
+        lane has a scan waiting or running probes nothing: each of them is scanned anyway
+        (under a backlog the probe of a whole share cost more than a batch)."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.idle_poll_wait())
-            if not stop.is_set():
+                await asyncio.wait_for(stop.wait(), next_tick(self.idle_poll_wait(), self.now()))
+            if not stop.is_set() and not self.every_lane_queued():
                 self.wake_all(fallback=True)
             for log in self._logs():
                 log.flush_due()
+
+    def every_lane_queued(self) -> bool:
+        """Every lane this member owns has a scan waiting or running in the store's queue."""
+        queue = self.queue
+        lanes = self.membership.lanes
+        if not lanes or len(queue) + queue.running < len(lanes):
+            return False
+        return all(queue.holds(lane) for lane in lanes)
 
     async def scan(self, lane: int) -> None:
         """One lane scan: probe, send a batch if the head is due, and always reschedule (unless
@@ -382,6 +412,9 @@ class StoreRuntime:
         now = self.now()
         if result.scan in (Scan.UNAVAILABLE, Scan.FAILED):
             self._held[lane] = now + result.next_in
+            # A notification that came while this scan ran asked for another scan at once:
+            # the hold wins (it is scheduled again below, at the hold's end).
+            self.queue.discard(lane)
         else:
             self._held.pop(lane, None)
         if lane in self.membership.lanes and not quiet:
@@ -500,13 +533,17 @@ class StoreRuntime:
         for one batch transaction (a store's concurrency limit counts batches in flight), and
         a paused store starts no scan, so no batch to widen. A lane whose head is not known to
         be due goes back to wait for a scan of its own (with its probe): no lane is locked,
-        and its lease written, without a due head.
+        and its lease written, without a due head. A batch takes at most half of the lanes
+        due, so that others run beside it.
         """
         room = WIDE_BATCH_LANES - len(lanes)
         if room <= 0 or self.membership.expired() or self.relay.stopped:
             return []
         now = self.now()
-        jobs = self.queue.claim(now, min(room, self.queue.due_count(now)))
+        # At most half of the lanes still due: the rest start batches of their own beside
+        # this one (a backlog held by a few lanes with many rows is drained by transactions
+        # side by side, not by one wide one that leaves the other connections idle).
+        jobs = self.queue.claim(now, min(room, self.queue.due_count(now) // 2))
         taken: list[Job[int]] = []
         owned = self.membership.lanes
         due = self._due
@@ -550,9 +587,14 @@ class StoreRuntime:
             await listener.unsubscribe(self.store)
 
     def tasks(self) -> list[Coroutine[Any, Any, None]]:
-        """What runs while the store is served, until ``halt`` is set: heartbeats, LISTEN and
-        the fallback poll."""
-        return [self.membership.run(self.halt), self.listen(self.halt), self.poll(self.halt)]
+        """What runs while the store is served, until ``halt`` is set: heartbeats, LISTEN, the
+        fallback poll and the maintenance looks."""
+        return [
+            self.membership.run(self.halt),
+            self.listen(self.halt),
+            self.poll(self.halt),
+            self.maintenance.watch(self.halt),
+        ]
 
     async def open(self) -> None:
         """Take what the store needs, in order: its dispatch gate's connection, its transports
@@ -569,7 +611,7 @@ class StoreRuntime:
             await self.database.attach(self.store)
             self._attached = True
             async with self.housekeeping.connection("check the schema", urgent=True) as conn:
-                await RelayStore(self.store).prepare(conn)
+                await self.statements.prepare(conn)
             await self.membership.beat()
             self._joined = True
             self.maintenance.start()

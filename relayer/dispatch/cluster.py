@@ -40,7 +40,7 @@ class Slot:
 @dataclass(frozen=True, slots=True)
 class ClaimRequest:
     queues: tuple[str, ...]
-    order: tuple[int, ...]  # queue indices, most preferred first (the planner's order)
+    order: Sequence[int]  # queue indices, most preferred first (the planner's order, lazy)
     budget: int  # grant at most this many
 
 
@@ -85,9 +85,9 @@ def grant_locally(request: ClaimRequest) -> ClaimResult:
 class RoutedClusterState:
     """Sends each queue to the gate of its own store (queues of different databases).
 
-    Each gate is asked concurrently with the full budget, so a pass still costs one round trip
-    of latency; grants past the budget (possible only when several gates grant) are returned at
-    once. Queues without a route use ``default``, or have no pause and no limit when it is None.
+    The gates of the entries a pass can grant are asked concurrently, so a pass costs one round
+    trip of latency (one more for each round of refusals). Queues without a route use
+    ``default``, or have no pause and no limit when it is None.
     """
 
     def __init__(
@@ -115,33 +115,47 @@ class RoutedClusterState:
             self._last.pop(queue, None)
 
     async def acquire(self, request: ClaimRequest) -> ClaimResult:
-        """Ask the gates of the queues the claim wants slots of, together; the other gates
-        are not asked (a worker serving hundreds of stores would otherwise pay a round trip
-        to each store's gate on every pass), their queues reported as they last answered."""
-        wanted = set(request.order)
+        """Ask the gates of the queues the first ``budget`` entries of the order name,
+        together; if some refused, the gates of the next entries, as many as slots are left,
+        and so on. Each entry is asked of its gate once, in order, so the grants are the ones
+        asking every gate for the whole order would give, but a worker serving hundreds of
+        stores pays a statement for the few stores a pass can serve, not for each store with
+        due work (and reads no further into the order than needed). Queues whose gate was not
+        asked are reported as their gate last answered."""
+        order = request.order
+        budget = request.budget
         groups: dict[int, tuple[ClusterState | None, list[int]]] = {}
+        group_of: list[int] = []
         for index, queue in enumerate(request.queues):
             gate = self.gate_for(queue)
             groups.setdefault(id(gate), (gate, []))[1].append(index)
-        parts = await asyncio.gather(
-            *(
-                self._ask(gate, members, request)
-                for gate, members in groups.values()
-                if not wanted.isdisjoint(members)
-            )
-        )
+            group_of.append(id(gate))
         opened = QueueGate(GateState.OPEN)
         gates: list[QueueGate] = [self._last.get(queue, opened) for queue in request.queues]
         grants: list[Grant] = []
-        for part_grants, part_gates in parts:
-            grants.extend(part_grants)
-            for index, gate_state in part_gates.items():
-                gates[index] = gate_state
-                self._last[request.queues[index]] = gate_state
+        cursor = 0
+        while len(grants) < budget:
+            need = budget - len(grants)
+            chunk = order[cursor : cursor + need]
+            if not chunk:
+                break
+            asked: dict[int, list[int]] = {}  # group -> the positions asked of its gate
+            for offset, index in enumerate(chunk):
+                asked.setdefault(group_of[index], []).append(cursor + offset)
+            cursor += len(chunk)
+            parts = await asyncio.gather(
+                *(
+                    self._ask(*groups[group], positions, request)
+                    for group, positions in asked.items()
+                )
+            )
+            for part_grants, part_gates in parts:
+                grants.extend(part_grants)
+                for index, gate_state in part_gates.items():
+                    gates[index] = gate_state
+                    self._last[request.queues[index]] = gate_state
         grants.sort(key=lambda grant: grant.position)
-        for extra in grants[request.budget :]:
-            self.release(extra.slot)
-        return ClaimResult(tuple(grants[: request.budget]), tuple(gates))
+        return ClaimResult(tuple(grants), tuple(gates))
 
     def release(self, slot: Slot) -> None:
         gate = self.gate_for(slot.queue)
@@ -149,14 +163,20 @@ class RoutedClusterState:
             gate.release(slot)
 
     async def _ask(
-        self, gate: ClusterState | None, members: Sequence[int], request: ClaimRequest
+        self,
+        gate: ClusterState | None,
+        members: Sequence[int],
+        positions: Sequence[int],
+        request: ClaimRequest,
     ) -> tuple[list[Grant], dict[int, QueueGate]]:
-        local = {index: position for position, index in enumerate(members)}
-        positions = [p for p, index in enumerate(request.order) if index in local]
+        """Ask ``gate`` (the gate of the queues ``members``) for the entries of the order at
+        ``positions``, each of which names one of its queues."""
+        local = {index: number for number, index in enumerate(members)}
+        order = request.order
         sub = ClaimRequest(
             tuple(request.queues[index] for index in members),
-            tuple(local[request.order[p]] for p in positions),
-            request.budget,
+            tuple(local[order[position]] for position in positions),
+            len(positions),
         )
         if gate is None:
             result = grant_locally(sub)

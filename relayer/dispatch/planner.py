@@ -19,9 +19,9 @@ the queue that actually served; the order itself is computed on a scratch copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import assert_never
+from typing import assert_never, overload
 
 from relayer.dispatch.policies import (
     MaxLen,
@@ -38,9 +38,80 @@ from relayer.dispatch.policies import (
 class Plan:
     """The outcome of planning one pass."""
 
-    order: tuple[int, ...]  # queue indices, most preferred first
+    order: Sequence[int]  # queue indices, most preferred first (an Order: computed as read)
     allocation: tuple[int, ...]  # per queue: entries among the first `free` of the order
     free: int
+
+
+class Order(Sequence[int]):
+    """A pass's preference order, computed only as far as it is read.
+
+    With ``overflow`` an order runs on past the free slots (every queue up to its due count)
+    for gates that refuse queues; a worker serving hundreds of stores plans over hundreds of
+    queues, and computing every entry of such an order on every pass cost more than the pass
+    (a Weighted step looks at every queue). A gate that grants the first entries reads no
+    further; the entries read are the same as if all had been computed.
+    """
+
+    __slots__ = ("_entries", "_more")
+
+    def __init__(self, entries: Iterable[int]) -> None:
+        self._entries: list[int] = []
+        self._more: Iterator[int] | None = iter(entries)
+
+    def _fill(self, count: int | None) -> None:
+        """Compute entries until there are ``count`` (None: all of them)."""
+        more = self._more
+        if more is None:
+            return
+        entries = self._entries
+        if count is None:
+            entries.extend(more)
+            self._more = None
+            return
+        while len(entries) < count:
+            entry = next(more, None)
+            if entry is None:
+                self._more = None
+                return
+            entries.append(entry)
+
+    @overload
+    def __getitem__(self, item: int) -> int: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> tuple[int, ...]: ...
+
+    def __getitem__(self, item: int | slice) -> int | tuple[int, ...]:
+        if isinstance(item, slice):
+            bounded = item.stop is not None and item.stop >= 0 and (item.start or 0) >= 0
+            self._fill(item.stop if bounded else None)
+            return tuple(self._entries[item])
+        self._fill(item + 1 if item >= 0 else None)
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        self._fill(None)
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[int]:
+        position = 0
+        while True:
+            self._fill(position + 1)
+            if position >= len(self._entries):
+                return
+            yield self._entries[position]
+            position += 1
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Order | tuple | list):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Order({tuple(self)!r})"
 
 
 def swrr_step(
@@ -128,7 +199,7 @@ class Planner:
         if free <= 0 or length == 0:
             return Plan((), (0,) * len(due), max(free, 0))
         policy = self._policy
-        order: list[int]
+        order: Iterable[int]
         match policy:
             case Weighted():
                 order = self._weighted(caps, length)
@@ -142,10 +213,11 @@ class Planner:
                 order = _by_length(due, caps, length, longest=isinstance(policy, MaxLen))
             case _:
                 assert_never(policy)
+        lazy = Order(order)
         allocation = [0] * len(caps)
-        for index in order[:free]:
+        for index in lazy[:free]:
             allocation[index] += 1
-        return Plan(tuple(order), tuple(allocation), free)
+        return Plan(lazy, tuple(allocation), free)
 
     def charge(self, issued: Sequence[int], demand: Sequence[int]) -> None:
         """Account for the claims actually issued, in order, by the queues that served them.
@@ -185,17 +257,13 @@ class Planner:
             swrr_step(self._credits, self._weights, eligible, self._total, index)
             served[index] += 1
 
-    def _weighted(self, caps: list[int], length: int) -> list[int]:
+    def _weighted(self, caps: list[int], length: int) -> Iterator[int]:
+        # The state is copied now: the steps run as the order is read, maybe after a charge.
         credits = list(self._credits)
         eligible = [cap > 0 for cap in caps]
-        order: list[int] = []
-        while len(order) < length:
-            winner = swrr_step(credits, self._weights, eligible, self._total)
-            order.append(winner)
-            caps[winner] -= 1
-            if caps[winner] == 0:
-                eligible[winner] = False
-        return order
+        return _weighted_steps(
+            credits, self._weights, self._total, caps=caps, eligible=eligible, length=length
+        )
 
     def _round_robin(self, caps: list[int], length: int) -> list[int]:
         count = len(caps)
@@ -210,6 +278,23 @@ class Planner:
             caps[index] -= 1
             cursor = (index + 1) % count
         return order
+
+
+def _weighted_steps(
+    credits: list[int],
+    weights: Sequence[int],
+    total: int,
+    *,
+    caps: list[int],
+    eligible: list[bool],
+    length: int,
+) -> Iterator[int]:
+    for _ in range(length):
+        winner = swrr_step(credits, weights, eligible, total)
+        yield winner
+        caps[winner] -= 1
+        if caps[winner] == 0:
+            eligible[winner] = False
 
 
 def _in_order(sequence: Sequence[int], caps: Sequence[int], length: int) -> list[int]:

@@ -13,7 +13,11 @@ ON CONFLICT (name) DO NOTHING
 DELETE FROM {leases} WHERE lane >= %(lanes)s
 
 -- name: heartbeat
--- Renew this member, drop expired members, and return the live members in rank order.
+-- Renew this member, drop expired members, give up the held lanes outside the share the live
+-- members give it now (as release_lanes does, in the same statement: one round trip per beat),
+-- and return the live members in rank order, each row with how many lanes were released.
+-- The rank is the number of live members sorted before this one: the position of this member
+-- in the rows returned (the same collation orders both).
 WITH beat AS (
     INSERT INTO {leases} (name, owner, token, expires_at)
     VALUES ('member:' || %(member)s, %(member)s, %(token)s, pg_catalog.now() + %(lease)s)
@@ -23,11 +27,26 @@ WITH beat AS (
 ), expired AS (
     DELETE FROM {leases}
     WHERE lane IS NULL AND expires_at < pg_catalog.now() AND name <> 'member:' || %(member)s
+), live AS (
+    SELECT owner FROM {leases}
+    WHERE lane IS NULL AND expires_at >= pg_catalog.now() AND name <> 'member:' || %(member)s
+    UNION
+    SELECT owner FROM beat
+), share AS (
+    SELECT pg_catalog.count(*) AS members,
+           pg_catalog.count(*) FILTER (WHERE owner < %(member)s) AS rank
+    FROM live
+), released AS (
+    UPDATE {leases} SET expires_at = '-infinity', renewed_at = pg_catalog.now()
+    WHERE name IN (
+        SELECT l.name FROM {leases} AS l, share
+        WHERE l.lane IS NOT NULL AND l.owner = %(member)s AND l.expires_at > pg_catalog.now()
+          AND l.lane %% share.members <> share.rank
+        FOR UPDATE OF l SKIP LOCKED
+    )
+    RETURNING 1
 )
-SELECT owner FROM {leases}
-WHERE lane IS NULL AND expires_at >= pg_catalog.now() AND name <> 'member:' || %(member)s
-UNION
-SELECT owner FROM beat
+SELECT owner, (SELECT pg_catalog.count(*) FROM released) FROM live
 ORDER BY 1
 
 -- name: leave
@@ -40,7 +59,7 @@ DELETE FROM {leases} WHERE name = 'member:' || %(member)s
 
 -- name: release_lanes
 -- Give up held lanes outside this member's share at once (rows locked by a batch are skipped:
--- that batch finishes first and the lane is released on the next heartbeat).
+-- that batch finishes first and calls this again; the next heartbeat does it too).
 -- The share is given as (rank, members): lane %% members = rank (no array of up to 65,536
 -- lanes to bind and search); a rank below 0 keeps nothing.
 UPDATE {leases} SET expires_at = '-infinity', renewed_at = pg_catalog.now()
@@ -50,6 +69,13 @@ WHERE name IN (
       AND (%(rank)s < 0 OR lane %% %(members)s <> %(rank)s)
     FOR UPDATE SKIP LOCKED
 )
+
+-- name: holds_rows
+-- An expression, not a statement: whether any lane holds a row (through the primary key; the
+-- unordered rows' lane -1 is left out). An idle store's poll asks this before it probes its
+-- share; the stores of a database are asked together, one column each of one SELECT
+-- (relayer.store.housekeeping).
+EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.lane >= 0)
 
 -- name: _sendable_rows
 -- A fragment (names starting with _ are pasted into the queries that name them): the rows of

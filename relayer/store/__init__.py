@@ -9,6 +9,7 @@ translated once, here, into StoreError (with redacted messages and the driver's 
 - ``budget``: a worker's connection budget and the batch pool each database shares;
 - ``listener``: one LISTEN connection for the stores of a database;
 - ``databases``: the connections the stores of one database share in a worker;
+- ``housekeeping``: the heartbeats and idle probes those stores send together;
 - ``relay``: the ordered protocol's statements (membership, probes, lane batches);
 - ``unordered``: claiming and settling unordered rows;
 - ``maintenance``: retention and the health check.

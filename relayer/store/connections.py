@@ -173,6 +173,13 @@ class Session:
     async def _open(self) -> Connection:
         return await connect(self.store, purpose=f"{self.store.name}:{self.purpose}")
 
+    def keep_prepared(self, count: int) -> None:
+        """How many statements the connection keeps prepared at most (psycopg's
+        ``prepared_max``), now and after a reconnect."""
+        self._shared.prepared_max = count
+        if not is_broken(self._shared.conn):
+            self._shared.conn.prepared_max = count  # type: ignore[union-attr]
+
     def for_store(self, store: StoreSettings) -> Session:
         """This session's connection as ``store`` uses it: errors name ``store``, and its
         ``close`` leaves the connection to the owner (the other stores keep using it)."""
@@ -192,6 +199,8 @@ class Session:
                     shared.conn = None
                     with translated(self.store, f"{doing} (connecting)"):
                         shared.conn = await shared.connect()
+                    if shared.prepared_max is not None:
+                        shared.conn.prepared_max = shared.prepared_max
                 assert shared.conn is not None
                 yield shared.conn
             except DRIVER_ERRORS as exc:
@@ -227,6 +236,7 @@ class _SessionState:
         self.connect = connect
         self.conn: Connection | None = None
         self.turns = Turns()
+        self.prepared_max: int | None = None  # None: psycopg's default
 
     async def forget(self) -> None:
         conn, self.conn = self.conn, None

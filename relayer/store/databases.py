@@ -6,8 +6,9 @@ pooler, the same start-up settings of batch connections (they follow ``lease_dur
 Stores in other schemas or with other table prefixes of that database share:
 
 - one *housekeeping* connection (autocommit) for every store's heartbeats, probes, schema
-  check and the look for unordered rows to recover; heartbeats go before waiting probes
-  (relayer.store.connections.Turns);
+  check and maintenance looks (for unordered rows to recover, and the cleanup's health read);
+  heartbeats go before waiting probes (relayer.store.connections.Turns), and the stores'
+  heartbeats and idle probes of one event-loop turn go together (relayer.store.housekeeping);
 - one LISTEN connection, LISTENing on each store's channel (none behind a transaction pooler
   without ``listen_dsn``: the stores then poll every ``poll_interval``);
 - one dispatcher connection for the stores' pause flags and concurrency limits
@@ -36,11 +37,17 @@ from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store.budget import BatchPool, ConnectionBudget
 from relayer.store.connections import Session, batch_settings, can_listen
 from relayer.store.driver import Connection
+from relayer.store.housekeeping import Housekeeping
 from relayer.store.listener import SharedListener
 
 logger = logging.getLogger(__name__)
 
 Parameters = tuple[tuple[str, str], ...]
+
+# Statements the housekeeping connection keeps prepared besides each store's heartbeat (which
+# it always keeps): psycopg's default, for the statements it prepares by itself once they ran
+# a few times.
+HOUSEKEEPING_PREPARED = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +156,7 @@ class Database:
         self.budget = budget
         self._template = store
         self.housekeeping = Session(store, self._connect_housekeeping, purpose="housekeeping")
+        self.batched = Housekeeping(self.housekeeping, prepare=store.pooler != "transaction")
         self.listener = (
             SharedListener(store, label=key.label, name=lambda: self.application("listen"))
             if can_listen(store)
@@ -202,6 +210,7 @@ class Database:
                 raise
             self.pool.open()
         self.stores[store.name] = store
+        self.housekeeping.keep_prepared(HOUSEKEEPING_PREPARED + len(self.stores))
 
     async def detach(self, store: StoreSettings) -> None:
         """``store`` is done with them; the last one out closes them."""
@@ -210,7 +219,9 @@ class Database:
         if self.listener is not None:
             await self.listener.unsubscribe(store)
         if self.stores:
+            self.housekeeping.keep_prepared(HOUSEKEEPING_PREPARED + len(self.stores))
             return
+        await self.batched.close()
         await self.housekeeping.close()
         await self.pool.close()
         self._unreserve()

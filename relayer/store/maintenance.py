@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from relayer.health import StoreHealth, read_health
+from relayer.health import StoreHealth, read_health, read_health_and_retention
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import Connection, translated
@@ -86,3 +86,9 @@ class MaintenanceStore:
                 return await read_health(conn, self.store)
             finally:
                 await conn.rollback()
+
+    async def look(self, conn: Connection) -> tuple[StoreHealth, bool]:
+        """The table health, and whether a retention has rows to delete, in one statement on
+        an autocommit connection (the worker's housekeeping connection)."""
+        with translated(self.store, "read the table health"):
+            return await read_health_and_retention(conn, self.store)

@@ -122,13 +122,20 @@ class RelayStore:
             await schema.require_meta(conn, self.store)
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
 
-    async def heartbeat(self, conn: Connection, member: str, token: UUID) -> list[str]:
-        """Renew ``member``, drop expired members; the live members in rank order."""
+    async def heartbeat(
+        self, conn: Connection, member: str, token: UUID, *, prepare: bool = False
+    ) -> tuple[list[str], int]:
+        """Renew ``member``, drop expired members and give up the held lanes outside the share
+        the live members give it (as ``release_lanes``), in one statement: the live members in
+        rank order, and how many lanes were released. ``prepare``: keep the statement prepared
+        on ``conn`` (it runs every lease_duration / 3 for as long as the store is served)."""
         with translated(self.store, "heartbeat"):
             cursor = await conn.execute(
-                self.queries["heartbeat"], {"member": member, "token": token, "lease": self.lease}
+                self.queries["heartbeat"],
+                {"member": member, "token": token, "lease": self.lease},
+                prepare=True if prepare else None,
             )
-            return [str(row[0]) for row in await cursor.fetchall()]
+            return _beat(await cursor.fetchall())
 
     async def release_lanes(self, conn: Connection, member: str, rank: int, members: int) -> int:
         """Give up the held lanes outside the share of the member at ``rank`` of ``members``
@@ -275,6 +282,64 @@ class RelayStore:
         assert row is not None
         deleted, failed, gave_up, unparked, _ = row
         return Outcomes(int(deleted), int(failed), tuple(gave_up), int(unparked))
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """One member's heartbeat in one store, sent with the heartbeats of other stores of the
+    same database (``heartbeats``)."""
+
+    store: RelayStore
+    member: str
+    token: UUID
+
+
+async def heartbeats(
+    conn: Connection, beats: Sequence[Beat], *, prepare: bool = False
+) -> list[tuple[list[str], int]]:
+    """Several stores' heartbeats (``RelayStore.heartbeat``) in one round trip, on an
+    autocommit connection to their database: what each returns, in order. They run in one
+    pipeline, so in one implicit transaction: if one fails, none is kept (StoreError naming the
+    first store; send them one by one then)."""
+    try:
+        async with conn.pipeline():
+            cursors = [
+                await conn.execute(
+                    beat.store.queries["heartbeat"],
+                    {"member": beat.member, "token": beat.token, "lease": beat.store.lease},
+                    prepare=True if prepare else None,
+                )
+                for beat in beats
+            ]
+        return [_beat(await cursor.fetchall()) for cursor in cursors]
+    except DRIVER_ERRORS as exc:
+        doing = f"the heartbeats of {len(beats)} stores of its database"
+        raise store_error(beats[0].store.store, doing, exc) from exc
+
+
+# A SELECT takes at most 1,664 columns: asked in one statement, at most this many stores.
+HOLDS_ROWS_PER_STATEMENT = 1_000
+
+
+async def holds_rows(conn: Connection, stores: Sequence[RelayStore]) -> list[bool]:
+    """Whether each of ``stores`` (of one database) holds a row in any lane, in one statement
+    per HOLDS_ROWS_PER_STATEMENT stores, one column each. StoreError naming the first."""
+    found: list[bool] = []
+    with translated(stores[0].store, f"ask {len(stores)} stores of its database for rows"):
+        for start in range(0, len(stores), HOLDS_ROWS_PER_STATEMENT):
+            part = stores[start : start + HOLDS_ROWS_PER_STATEMENT]
+            # Each column is a rendered named query (identifiers composed, no parameter); the
+            # set of stores varies from call to call, so it is not prepared.
+            statement = "SELECT " + ", ".join(store.queries["holds_rows"] for store in part)
+            cursor = await conn.execute(statement, prepare=False)
+            row = await cursor.fetchone()
+            assert row is not None
+            found.extend(bool(value) for value in row)
+    return found
+
+
+def _beat(rows: Sequence[Sequence[Any]]) -> tuple[list[str], int]:
+    return [str(row[0]) for row in rows], int(rows[0][1]) if rows else 0
 
 
 def _text_list(numbers: Sequence[int]) -> str:

@@ -57,8 +57,13 @@ class UnorderedStore:
         it; any unordered row waits at all), in one statement on an autocommit connection,
         taking no lock."""
         with translated(self.store, "look for unordered rows"):
+            # Not prepared: a look runs every few seconds at most, for each store of a fleet,
+            # on the housekeeping connection, which keeps its prepared statements for what runs
+            # most often (relayer.store.databases).
             cursor = await conn.execute(
-                self.queries["unordered_due_exists"], {"grace": self.store.unordered_grace}
+                self.queries["unordered_due_exists"],
+                {"grace": self.store.unordered_grace},
+                prepare=False,
             )
             row = await cursor.fetchone()
         return (bool(row[0]), bool(row[1])) if row else (False, False)

@@ -27,6 +27,7 @@ from relayer.dispatch import (
     Weighted,
     WorkerGroup,
 )
+from relayer.dispatch.planner import Planner
 from tests.unit.dispatch.harness import Held, running, settle
 
 SIX_THREE_ONE = Weighted([("a", 6), ("b", 3), ("c", 1)])
@@ -180,6 +181,57 @@ async def test_routed_state_asks_only_the_gates_of_queues_the_claim_wants() -> N
     assert [gate.state for gate in only_orders.gates] == [GateState.OPEN, GateState.PAUSED]
     assert [grant.queue_index for grant in only_orders.grants] == [0, 0]
     assert [gate.state for gate in both.gates] == [GateState.OPEN, GateState.PAUSED]
+
+
+async def test_routed_state_asks_only_the_gates_of_the_entries_it_can_grant() -> None:
+    """Two free slots, an order over fifty stores: two gates are asked; a refusal asks the
+    gate of the next entry (and no further), and the order is read no further than that."""
+    names = [f"s{number:02}" for number in range(50)]
+    gates = {name: CountingGate() for name in names}
+    gates["s00"].pause("s00")
+    routed = RoutedClusterState(dict(gates))
+    planned = Planner(Weighted([(name, 1) for name in names])).plan(2, [3] * 50, overflow=True)
+    result = await routed.acquire(ClaimRequest(tuple(names), planned.order, 2))
+    asked = [name for name in names if gates[name].asked]
+    assert asked == ["s00", "s01", "s02"]
+    assert [names[grant.queue_index] for grant in result.grants] == ["s01", "s02"]
+    assert result.gates[0].state is GateState.PAUSED
+    assert len(planned.order._entries) == 3  # type: ignore[attr-defined]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    queues=st.integers(1, 6),
+    order=st.lists(st.integers(0, 5), max_size=24),
+    budget=st.integers(0, 8),
+    paused=st.sets(st.integers(0, 5)),
+    limits=st.dictionaries(st.integers(0, 5), st.integers(1, 3)),
+)
+def test_routed_state_grants_what_one_gate_for_every_queue_grants(
+    queues: int, order: list[int], budget: int, paused: set[int], limits: dict[int, int]
+) -> None:
+    """Asking the gates entry by entry, as far as the slots go, grants exactly what asking one
+    gate that holds every queue's pause and limit for the whole order grants."""
+    names = tuple(f"q{index}" for index in range(queues))
+    entries = tuple(index for index in order if index < queues)
+
+    def configure(gate: MemoryClusterState, index: int) -> None:
+        if index in paused:
+            gate.pause(names[index])
+        if index in limits:
+            gate.set_limit(names[index], limits[index])
+
+    single = MemoryClusterState()
+    own = {name: MemoryClusterState() for name in names}
+    for index, name in enumerate(names):
+        configure(single, index)
+        configure(own[name], index)
+    request = ClaimRequest(names, entries, budget)
+    expected = asyncio.run(single.acquire(request))
+    routed = asyncio.run(RoutedClusterState(dict(own)).acquire(request))
+    assert [(g.position, g.queue_index) for g in routed.grants] == [
+        (g.position, g.queue_index) for g in expected.grants
+    ]
 
 
 POLICIES: list[Policy] = [

@@ -1,0 +1,67 @@
+"""The fallback poll probes nothing while every owned lane has a scan waiting or running: each
+of them is scanned anyway (under a backlog the probe of a whole share cost more than a batch)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from relayer.settings import WorkerSettings
+from relayer.transports.memory import MemoryTransport
+from relayer.worker import StoreRuntime, Worker
+from tests.conftest import apply_schema, make_store
+
+LANES = 4
+
+
+def idle(runtime: StoreRuntime) -> bool:
+    waking = runtime._waking
+    return waking is None or waking.done()
+
+
+async def test_a_poll_skips_its_probe_while_every_owned_lane_is_queued(pg_dsn: str) -> None:
+    store = make_store(pg_dsn, lanes=LANES, poll_interval="0.05s", notify=False)
+    await apply_schema(store)
+    worker = Worker(
+        [store],
+        transports={store.name: {"memory": MemoryTransport("memory")}},
+        settings=WorkerSettings(pool_size=2),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        async with asyncio.timeout(30):
+            while (
+                not worker.runtimes.get(store.name)
+                or len(worker.runtimes[store.name].membership.lanes) < LANES
+            ):
+                await asyncio.sleep(0.02)
+        runtime = worker.runtimes[store.name]
+        answers: list[bool] = []
+        original = StoreRuntime.every_lane_queued
+
+        def counted() -> bool:
+            answer = original(runtime)
+            answers.append(answer)
+            return answer
+
+        runtime.every_lane_queued = counted  # type: ignore[method-assign]
+        for lane in range(LANES):  # a scan waits for every lane (far ahead: none runs)
+            runtime.queue.schedule(lane, runtime.now() + 3600)
+        async with asyncio.timeout(30):
+            # A poll saw every lane queued, and a wake-up started before it is over.
+            while True not in answers or not idle(runtime):
+                await asyncio.sleep(0.02)
+        probes, seen = runtime.prober.queries, len(answers)
+        async with asyncio.timeout(30):
+            while answers[seen:].count(True) < 3:
+                await asyncio.sleep(0.02)
+        assert runtime.prober.queries == probes  # three polls, no probe
+
+        runtime.queue.discard(0)  # lane 0 is quiet now: a poll must look at it
+        async with asyncio.timeout(30):
+            while runtime.prober.queries == probes:
+                await asyncio.sleep(0.02)
+        assert answers[-1] is False
+    finally:
+        stop.set()
+        await task
