@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -129,6 +130,7 @@ async def _run(context: Context) -> int:
         return await _supervise(arguments, [*stores, *templates])
     if not stop_with_supervisor():
         return EXIT_RUNTIME  # started by a supervisor that is gone already
+    _tune_collector()
     with _stop_on_signals("finishing batches in flight, then leaving") as stop:
         metrics = await _serve_metrics(worker, arguments, stop)
         warnings = asyncio.create_task(_warn_once_started(worker, [*stores, *templates]))
@@ -145,6 +147,21 @@ async def _run(context: Context) -> int:
             if metrics is not None:
                 await metrics
     return EXIT_OK
+
+
+# The cyclic garbage collector's thresholds in a worker process: the youngest generation is
+# collected every 10,000 allocations instead of 700 (a batch allocates a few objects per row,
+# nearly all freed by reference counting, so most collections found nothing), and the objects
+# of start-up (modules, settings, connections) are frozen out of the full collections.
+GC_THRESHOLDS = (10_000, 50, 100)
+
+
+def _tune_collector() -> None:
+    """Tune the collector of this process (a worker's own process: never done by the library):
+    the collections cost the worker's main thread about a quarter of its CPU per message in a
+    drain (bench/efficiency.py, memory transport: 6.2-6.5 µs/msg, 4.8 with these settings)."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def _supervise(arguments: argparse.Namespace, stores: list[StoreSettings]) -> int:
