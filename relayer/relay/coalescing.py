@@ -7,10 +7,11 @@ become due in one turn share one batch transaction (relayer.worker groups them w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Generic, TypeVar
+
+from relayer.tasks import cancel_all, fail_all
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +65,7 @@ class Coalescer(Generic[T]):
         try:
             results = await self._serve(list(waiting))
         except BaseException as exc:
-            error = exc if isinstance(exc, Exception) else RuntimeError("cancelled")
-            for futures in waiting.values():
-                for future in futures:
-                    if not future.done():
-                        future.set_exception(error)
+            fail_all((future for futures in waiting.values() for future in futures), exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -83,11 +80,7 @@ class Coalescer(Generic[T]):
 
     async def close(self) -> None:
         """Cancel what is still being served (shutdown)."""
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_all(self._tasks)
 
 
 def _log_unexpected(task: asyncio.Future[None]) -> None:

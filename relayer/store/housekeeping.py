@@ -21,7 +21,6 @@ A request alone in its turn is sent alone, as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Coroutine
@@ -31,6 +30,7 @@ from uuid import UUID
 from relayer.errors import StoreError
 from relayer.store.connections import Session
 from relayer.store.relay import Beat, RelayStore, heartbeats, holds_rows
+from relayer.tasks import cancel_all, fail_all
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class Housekeeping:
                 await _settle(future, self._beat_alone(session, beat))
             return
         except BaseException as exc:
-            _fail([future for _, _, future in waiting], exc)
+            fail_all([future for _, _, future in waiting], exc)
             raise
         self.batches += 1
         for (_, _, future), result in zip(waiting, results, strict=True):
@@ -165,7 +165,7 @@ class Housekeeping:
                 logger.debug("asking idle stores for rows failed, each probes its share: %s", exc)
                 found = [True] * len(stores)
             except BaseException as exc:
-                _fail([future for _, pending in waiting.values() for future in pending], exc)
+                fail_all([future for _, pending in waiting.values() for future in pending], exc)
                 raise
         for (_, pending), holds in zip(waiting.values(), found, strict=True):
             for future in pending:
@@ -174,11 +174,7 @@ class Housekeeping:
 
     async def close(self) -> None:
         """Cancel what is still being sent (the last store of the database left)."""
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_all(self._tasks)
 
 
 async def _settle(future: asyncio.Future[T], work: Awaitable[T]) -> None:
@@ -189,14 +185,7 @@ async def _settle(future: asyncio.Future[T], work: Awaitable[T]) -> None:
             future.set_exception(exc)
         return
     except BaseException as exc:
-        _fail([future], exc)
+        fail_all([future], exc)
         raise
     if not future.done():
         future.set_result(result)
-
-
-def _fail(futures: list[Any], exc: BaseException) -> None:
-    error = exc if isinstance(exc, Exception) else RuntimeError("cancelled")
-    for future in futures:
-        if not future.done():
-            future.set_exception(error)
