@@ -343,7 +343,7 @@ class StoreRuntime:
         lanes = self.membership.lanes
         if not lanes or len(queue) + queue.running < len(lanes):
             return False
-        return all(queue.holds(lane) for lane in lanes)
+        return lanes <= queue.keys()
 
     async def scan(self, lane: int) -> None:
         """One lane scan: probe, send a batch if the head is due, and always reschedule (unless

@@ -102,10 +102,6 @@ class MemoryQueue(Generic[KeyT]):
     def is_running(self, key: KeyT) -> bool:
         return key in self._running
 
-    def holds(self, key: KeyT) -> bool:
-        """``key`` has a job waiting (due or not) or running."""
-        return key in self._waiting or key in self._running
-
     def keys(self) -> set[KeyT]:
         """Every key with a job: waiting (due or not), running, or pending a re-schedule."""
         return {*self._waiting, *self._running}
