@@ -83,7 +83,7 @@ async def test_a_producer_without_delivery_reports_is_rebuilt() -> None:
         stuck = await transport.publish(OutgoingMessage(uuid.uuid4(), "orders", b"1", key="a"))
         with pytest.raises(TransportUnavailableError):  # "will be sent again", not lost
             await asyncio.wait_for(stuck, 5)
-        again = await transport.publish(OutgoingMessage(uuid.uuid4(), "orders", b"2", key="a"))
+        again = await _publish_once_rebuilt(transport, b"2")
         await asyncio.wait_for(again, 3)
         assert len(producers) == 2
     finally:
