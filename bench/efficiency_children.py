@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import statistics
 import sys
 import time
 import uuid
@@ -37,7 +38,8 @@ from relayer.transports.base import BatchPublisher, OutgoingMessage, PerMessage,
 KEYS = 10_000
 # The steady writer: processes (so that a busy machine's scheduler gives it enough CPU) and
 # connections in each (so that slow commits do not hold the rate back).
-WRITER_PROCESSES = 4
+WRITER_PROCESSES = 2
+BARE_ACK_EVERY = 4  # the bare steady producer times one delivery in this many
 WRITER_CONNECTIONS = 8
 FLOOR_BATCH = 500
 
@@ -84,10 +86,19 @@ def bare_kafka_steady(options: dict[str, Any]) -> None:
     topic = options["topic"]
     producer = kafka_producer(options["bootstrap"], topic)
     delivered = 0
+    latencies: list[float] = []  # ms from produce() to the delivery report, every ACK_EVERY-th
 
     def on_delivery(error: object, _message: object) -> None:
         nonlocal delivered
         delivered += error is None
+
+    def timed(produced: float) -> Callable[[object, object], None]:
+        def on_timed_delivery(error: object, message: object) -> None:
+            on_delivery(error, message)
+            if error is None:
+                latencies.append((time.perf_counter() - produced) * 1000)
+
+        return on_timed_delivery
 
     interval = 1 / options["rate"]
     ready()
@@ -100,10 +111,13 @@ def bare_kafka_steady(options: dict[str, Any]) -> None:
             continue
         headers = [("relayer-message-id", str(uuid.uuid4()))]
         key = f"key-{sent % KEYS}".encode()
-        producer.produce(topic, BODY, key, headers=headers, on_delivery=on_delivery)
+        callback = on_delivery if sent % BARE_ACK_EVERY else timed(time.perf_counter())
+        producer.produce(topic, BODY, key, headers=headers, on_delivery=callback)
         sent += 1
     producer.flush(30)
-    report(spent(before, seconds=time.perf_counter() - started, rows=sent, delivered=delivered))
+    result = spent(before, seconds=time.perf_counter() - started, rows=sent, delivered=delivered)
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else []
+    report({**result, "timed": len(latencies), "quantiles": [quantiles[i] for i in (49, 89, 98)]})
 
 
 async def bare_rabbitmq(options: dict[str, Any]) -> None:
@@ -280,7 +294,13 @@ def worker(options: dict[str, Any]) -> None:
 # -- the steady writer -----------------------------------------------------------------------
 
 
-async def writer(options: dict[str, Any]) -> None:
+def writer(options: dict[str, Any]) -> None:
+    """One writer process: WRITER_CONNECTIONS threads, each with a blocking connection
+    committing one-row transactions on its turn. Blocking calls in threads, not asyncio: the
+    writer is load, not what is measured, and an event loop per row cost it 2-4x the CPU, which
+    it took from the relay on a two-core machine."""
+    import threading
+
     from relayer import Outbox
     from relayer.settings import load_settings
 
@@ -291,39 +311,42 @@ async def writer(options: dict[str, Any]) -> None:
     interval = everyone / options["rate"]  # options["rate"]: all processes together
     committed: dict[str, float] = {}
     connections = [
-        await psycopg.AsyncConnection.connect(
-            store.require_dsn(), application_name=options["application_name"]
-        )
+        psycopg.connect(store.require_dsn(), application_name=options["application_name"])
         for _ in range(WRITER_CONNECTIONS)
     ]
     backends = [conn.info.backend_pid for conn in connections]
-    await asyncio.to_thread(ready, backends=backends)
+    ready(backends=backends)
     started, before = time.perf_counter(), clocks()
 
-    async def write(conn: psycopg.AsyncConnection[Any], index: int) -> None:
+    def write(conn: psycopg.Connection[Any], index: int) -> None:
         number = 0
         offset = index / everyone * interval  # the connections take turns
         while (elapsed := time.perf_counter() - started) < options["seconds"]:
             pause = offset + number * interval - elapsed
             if pause > 0:
-                await asyncio.sleep(pause)
-            message_id = await outbox.write_async(
+                time.sleep(pause)
+            message_id = outbox.write(
                 conn,
                 destination=options["destination"],
                 body=b"x" * 200,
                 key=f"key-{(number * everyone + index) % KEYS}",
             )
-            await conn.commit()
+            conn.commit()
             committed[str(message_id)] = time.time()
             number += 1
 
-    async with asyncio.TaskGroup() as group:
-        for index, conn in enumerate(connections, start=first):
-            group.create_task(write(conn, index))
+    threads = [
+        threading.Thread(target=write, args=(conn, index), name=f"writer-{index}")
+        for index, conn in enumerate(connections, start=first)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     result = spent(before, seconds=time.perf_counter() - started, rows=len(committed))
     for conn in connections:
-        await conn.close()
-    await asyncio.to_thread(Path(options["out"]).write_text, json.dumps(committed))
+        conn.close()
+    Path(options["out"]).write_text(json.dumps(committed))
     report(result)
 
 
@@ -340,7 +363,7 @@ def main() -> None:
     elif kind == "worker":
         worker(options)
     elif kind == "writer":
-        asyncio.run(writer(options))
+        writer(options)
     else:
         raise SystemExit(f"unknown kind {kind!r}")
 

@@ -16,7 +16,7 @@ import psycopg
 
 from bench.common import scratch_schema
 from bench.cpu import Meter, Window
-from bench.efficiency_children import WRITER_CONNECTIONS, WRITER_PROCESSES
+from bench.efficiency_children import BARE_ACK_EVERY, WRITER_CONNECTIONS, WRITER_PROCESSES
 from bench.efficiency_processes import (
     CHILDREN,
     Child,
@@ -156,6 +156,14 @@ async def steady_bare_kafka(environment: Environment) -> None:
         "message costs the broker and a client at this rate; the relay shares a request among "
         "the rows it sends together"
     )
+    if result["quantiles"]:
+        p50, p90, p99 = result["quantiles"]
+        print(
+            f"- its produce-to-delivery-report latency ({result['timed']:,} samples, 1 in "
+            f"{BARE_ACK_EVERY}): p50 {p50:.2f} ms, p90 {p90:.2f} ms, p99 "
+            f"{p99:.2f} ms: the broker's and client's share of any commit-to-ack "
+            "time at this rate (no writer or relay running beside it)"
+        )
 
 
 def print_steady(
