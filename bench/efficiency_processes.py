@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from bench.cpu import find_processes
-from bench.relay import outbox_empty
+from bench.relay import DrainWatch
 from relayer.settings import StoreSettings
 
 CHILDREN = Path(__file__).resolve().parent / "efficiency_children.py"
@@ -251,7 +251,9 @@ def backends_of(
 async def drained(
     conn: psycopg.AsyncConnection[Any], store: StoreSettings, worker: WorkerProcess
 ) -> None:
-    """Return once ``store``'s outbox is empty (raise if the worker exits first)."""
-    while not await outbox_empty(conn, store):
+    """Return once ``store``'s outbox is empty (raise if the worker exits first). Every row
+    must have been committed before the call (a DrainWatch)."""
+    watch = DrainWatch(store)
+    while not await watch.empty(conn):
         worker.check()
         await asyncio.sleep(0.02)

@@ -118,6 +118,39 @@ async def outbox_empty(conn: psycopg.AsyncConnection[Any], store: StoreSettings)
     return await cursor.fetchone() is None
 
 
+class DrainWatch:
+    """Whether an outbox that nobody writes to any more is empty yet, each look starting at the
+    first row the previous look found. A drain only deletes, so that row's (lane, id) is a
+    lower bound of every row left, and a look steps only over the index entries of rows
+    deleted since the last one. From the start each time, a look walked every dead entry of
+    the drain so far: with 65,536 lanes that took 15 ms a look every 20 ms near the end, a
+    third of a core of PostgreSQL taken from the relay being measured.
+
+    Only valid when every row was committed before the first look (a row written later may
+    sort before the bound and never be seen): make a new watch for each drain."""
+
+    def __init__(self, store: StoreSettings) -> None:
+        table = psycopg.sql.Identifier(store.db_schema, store.names.table("outbox"))
+        self._first = psycopg.sql.SQL("SELECT lane, id FROM {} ORDER BY lane, id LIMIT 1").format(
+            table
+        )
+        self._next = psycopg.sql.SQL(
+            "SELECT lane, id FROM {} WHERE (lane, id) >= (%s, %s) ORDER BY lane, id LIMIT 1"
+        ).format(table)
+        self._bound: tuple[Any, Any] | None = None
+
+    async def empty(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        if self._bound is None:
+            cursor = await conn.execute(self._first)
+        else:
+            cursor = await conn.execute(self._next, self._bound)
+        row = await cursor.fetchone()
+        if row is None:
+            return True
+        self._bound = (row[0], row[1])
+        return False
+
+
 async def pending(store: StoreSettings) -> bool:
     """Whether ``store``'s outbox holds a row (a connection of its own)."""
     async with await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True) as conn:
