@@ -34,11 +34,19 @@ class Prober:
         heads = await self._query(lambda conn: self._store.probe(conn, lanes))
         return {head.lane: head for head in heads}
 
-    async def heads(self, rank: int, members: int, *, skip: Collection[int] = ()) -> list[LaneHead]:
+    async def heads(
+        self,
+        rank: int,
+        members: int,
+        *,
+        skip: Collection[int] = (),
+        lanes: range | None = None,
+    ) -> list[LaneHead]:
         """The heads that hold rows in the share of the member at ``rank`` of ``members``
-        (lane % members == rank), leaving out the lanes of ``skip``, in one query."""
+        (lane % members == rank), leaving out the lanes of ``skip``, in one query; only lanes
+        in ``lanes`` (default: every lane)."""
         return await self._query(
-            lambda conn: self._store.probe_share(conn, rank, members, skip=skip)
+            lambda conn: self._store.probe_share(conn, rank, members, skip=skip, lanes=lanes)
         )
 
     async def _query(

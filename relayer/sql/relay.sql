@@ -121,14 +121,17 @@ LEFT JOIN {leases} AS s ON s.lane = l.lane
 -- (one index descent per busy lane, not per lane), and only those of the share are probed,
 -- except the lanes whose bit is set in %(skip)s (a bytea, bit lane %% 8 of byte lane / 8; lanes
 -- past its end are probed): the worker already knows their heads are due. Lanes without rows
--- are not returned.
+-- are not returned. Only lanes from %(first)s up to (not including) %(end)s are looked at, so
+-- that a large share can be probed in parts.
 WITH RECURSIVE busy(lane) AS (
-    (SELECT o.lane FROM {outbox} AS o WHERE o.lane >= 0 ORDER BY o.lane, o.id LIMIT 1)
+    (SELECT o.lane FROM {outbox} AS o WHERE o.lane >= %(first)s AND o.lane < %(end)s
+     ORDER BY o.lane, o.id LIMIT 1)
     UNION ALL
     SELECT next.lane
     FROM busy,
     LATERAL (
-        SELECT o.lane FROM {outbox} AS o WHERE o.lane > busy.lane ORDER BY o.lane, o.id LIMIT 1
+        SELECT o.lane FROM {outbox} AS o WHERE o.lane > busy.lane AND o.lane < %(end)s
+        ORDER BY o.lane, o.id LIMIT 1
     ) AS next
 )
 {_head_columns}

@@ -158,13 +158,27 @@ class RelayStore:
             return _heads(await cursor.fetchall())
 
     async def probe_share(
-        self, conn: Connection, rank: int, members: int, *, skip: Collection[int] = ()
+        self,
+        conn: Connection,
+        rank: int,
+        members: int,
+        *,
+        skip: Collection[int] = (),
+        lanes: range | None = None,
     ) -> list[LaneHead]:
         """The heads of the lanes of the share of the member at ``rank`` of ``members`` that
         hold a row (found with a loose index scan: the cost follows busy lanes, not lanes),
         except the lanes of ``skip`` (their heads are known already: no head is looked up for
-        them)."""
-        params = {"rank": rank, "members": max(members, 1), "skip": lane_bits(skip)}
+        them); only lanes in ``lanes`` (a range with step 1; default: every lane)."""
+        if lanes is None:
+            lanes = range(self.store.lanes)
+        params = {
+            "rank": rank,
+            "members": max(members, 1),
+            "skip": lane_bits(skip),
+            "first": lanes.start,
+            "end": lanes.stop,
+        }
         with translated(self.store, "probe the share"):
             cursor = await conn.execute(self.queries["probe_share"], params)
             return _heads(await cursor.fetchall())

@@ -492,6 +492,14 @@ async def test_a_share_probe_leaves_out_the_lanes_it_is_told_to_skip(pg_dsn: str
         assert await probed(0, 1, {1, 2, 5, 11}) == []
         assert await probed(1, 2, {5}) == [1, 11]  # the odd lanes
         assert await probed(0, 1, {0}) == [1, 2, 5, 11]  # lanes past the bits are probed
+
+        async def in_range(lanes: range) -> list[int]:
+            return [head.lane for head in await prober.heads(0, 1, lanes=lanes)]
+
+        assert await in_range(range(0, 12)) == [1, 2, 5, 11]
+        assert await in_range(range(2, 11)) == [2, 5]  # from first, up to but not end
+        assert await in_range(range(3, 5)) == []
+        assert await in_range(range(5, 6)) == [5]
     finally:
         await prober.close()
 

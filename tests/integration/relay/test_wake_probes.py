@@ -8,7 +8,7 @@ from collections.abc import Collection
 
 from relayer.store import LaneHead
 from relayer.transports.memory import MemoryTransport
-from relayer.worker import StoreRuntime, Worker
+from relayer.worker import FIRST_PROBE_LANES, StoreRuntime, Worker, probe_parts
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import keys_in_lane, write
 
@@ -25,8 +25,11 @@ async def test_wake_up_probes_leave_out_lanes_whose_scan_is_settled(pg_dsn: str)
     probes: list[tuple[set[int], list[int]]] = []
     heads = runtime.prober.heads
 
-    async def recorded(rank: int, members: int, *, skip: Collection[int] = ()) -> list[LaneHead]:
-        found = await heads(rank, members, skip=skip)
+    async def recorded(
+        rank: int, members: int, *, skip: Collection[int] = (), lanes: range | None = None
+    ) -> list[LaneHead]:
+        assert lanes == range(8)  # a share this small is probed in one query
+        found = await heads(rank, members, skip=skip, lanes=lanes)
         probes.append((set(skip), [head.lane for head in found]))
         return found
 
@@ -58,3 +61,48 @@ async def woken(runtime: StoreRuntime) -> None:
     waking = runtime._waking
     assert waking is not None
     await waking
+
+
+async def test_a_wake_up_over_many_lanes_probes_the_first_lanes_first(pg_dsn: str) -> None:
+    """Over more than 2 x FIRST_PROBE_LANES lanes a wake-up probes the first FIRST_PROBE_LANES
+    lanes, schedules their scans, then probes the rest: every lane with rows is found once."""
+    lanes = 2 * FIRST_PROBE_LANES + 1000
+    store = make_store(
+        pg_dsn, lanes=lanes, transports={"memory": {"type": "memory"}}, default_transport="memory"
+    )
+    await apply_schema(store)
+    busy = (0, 5, FIRST_PROBE_LANES - 1, FIRST_PROBE_LANES, FIRST_PROBE_LANES + 7, lanes - 1)
+    for lane in busy:
+        write(store, keys_in_lane(store, lane, 1))
+    worker = Worker([store], transports={store.name: {"memory": MemoryTransport("memory")}})
+    runtime = worker.runtimes[store.name]
+    probes: list[tuple[range | None, list[int], set[int]]] = []
+    heads = runtime.prober.heads
+
+    async def recorded(
+        rank: int, members: int, *, skip: Collection[int] = (), lanes: range | None = None
+    ) -> list[LaneHead]:
+        found = await heads(rank, members, skip=skip, lanes=lanes)
+        # What was scheduled before this part's heads came back: the earlier parts' lanes.
+        probes.append((lanes, [head.lane for head in found], set(runtime.queue.keys())))
+        return found
+
+    runtime.prober.heads = recorded  # type: ignore[method-assign]
+    await runtime.open()
+    try:
+        await woken(runtime)
+        first, rest = range(FIRST_PROBE_LANES), range(FIRST_PROBE_LANES, lanes)
+        in_first = [0, 5, FIRST_PROBE_LANES - 1]
+        assert probes == [
+            (first, in_first, set()),
+            (rest, [FIRST_PROBE_LANES, FIRST_PROBE_LANES + 7, lanes - 1], set(in_first)),
+        ]
+        assert runtime.queue.keys() == set(busy)
+    finally:
+        await runtime.close()
+
+
+def test_probe_parts_split_only_large_shares() -> None:
+    assert probe_parts(1) == [range(1)]
+    assert probe_parts(2 * FIRST_PROBE_LANES) == [range(2 * FIRST_PROBE_LANES)]
+    assert probe_parts(65_536) == [range(FIRST_PROBE_LANES), range(FIRST_PROBE_LANES, 65_536)]
