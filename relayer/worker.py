@@ -48,6 +48,7 @@ from relayer.membership import Membership, new_instance_id
 from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
 from relayer.relay import (
     BATCH_LANES,
+    SPREAD_BATCH_LANES,
     WIDE_BATCH_LANES,
     Coalescer,
     LaneRelay,
@@ -478,9 +479,10 @@ class StoreRuntime:
 
     def _spread(self, lanes: list[int]) -> list[list[int]]:
         """The batches ``lanes`` go in: one, unless more lanes wait in the store's queue than
-        one batch could take with them (WIDE_BATCH_LANES in all): then every SPREAD_LANES of
-        the ``lanes`` start a batch of their own (at most as many as it takes to serve the
-        waiting lanes), which takes waiting lanes in turn. A backlog over many lanes then
+        a spread batch is counted for with them (SPREAD_BATCH_LANES in all): then every
+        SPREAD_LANES of the ``lanes`` start a batch of their own (at most one for every
+        SPREAD_BATCH_LANES lanes due), which takes waiting lanes in turn (up to
+        WIDE_BATCH_LANES each, at most half of those due). A backlog over many lanes then
         keeps a batch in flight per SPREAD_LANES slots (their round trips and the broker's
         acknowledgements overlap) instead of one per BATCH_LANES slots. Only as many as the
         worker's connection budget serves at once: a batch that would wait for a connection
@@ -489,7 +491,7 @@ class StoreRuntime:
             return [lanes]
         waiting = self.queue.due_count(self.now())
         batches = min(
-            -(-len(lanes) // SPREAD_LANES), -(-(len(lanes) + waiting) // WIDE_BATCH_LANES)
+            -(-len(lanes) // SPREAD_LANES), -(-(len(lanes) + waiting) // SPREAD_BATCH_LANES)
         )
         batches = min(batches, self.pool.available() - self._connecting)
         if batches < 2:

@@ -6,13 +6,21 @@
 - ``pipeline``: the send pipeline of one batch (per-row outcomes, per-key order).
 """
 
-from relayer.relay.batch import BATCH_LANES, WIDE_BATCH_LANES, LaneRelay, Scan, ScanResult
+from relayer.relay.batch import (
+    BATCH_LANES,
+    SPREAD_BATCH_LANES,
+    WIDE_BATCH_LANES,
+    LaneRelay,
+    Scan,
+    ScanResult,
+)
 from relayer.relay.coalescing import Coalescer
 from relayer.relay.pipeline import BatchSender, SendReport, send_batch
 from relayer.relay.scanning import Prober
 
 __all__ = [
     "BATCH_LANES",
+    "SPREAD_BATCH_LANES",
     "WIDE_BATCH_LANES",
     "BatchSender",
     "Coalescer",

@@ -39,7 +39,12 @@ logger = logging.getLogger(__name__)
 # read with a smaller limit (LaneRelay.lane_limit): under a backlog spread over many lanes with
 # a few rows each, the cost of a transaction is then shared by far more rows.
 BATCH_LANES = 16
-WIDE_BATCH_LANES = 128
+WIDE_BATCH_LANES = 512
+# A backlog spread over many lanes starts a batch for every SPREAD_LANES scans due together
+# (relayer.worker), as many as the due lanes fill at SPREAD_BATCH_LANES each: batches side by
+# side overlap their round trips and acknowledgements, and each still takes up to
+# WIDE_BATCH_LANES lanes (at most half of those due).
+SPREAD_BATCH_LANES = 128
 
 
 class Scan(Enum):

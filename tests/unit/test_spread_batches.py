@@ -1,10 +1,10 @@
 """How the scans due together are spread over batches (StoreRuntime._spread): one batch under
-a light load, a batch per SPREAD_LANES of them when more lanes wait than one batch takes, and
+a light load, a batch per SPREAD_LANES of them when more lanes wait than SPREAD_BATCH_LANES, and
 never more than the connection budget serves without waiting."""
 
 from __future__ import annotations
 
-from relayer.relay import WIDE_BATCH_LANES
+from relayer.relay import SPREAD_BATCH_LANES
 from relayer.settings import WorkerSettings, store_settings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import SPREAD_LANES, StoreRuntime, Worker
@@ -35,11 +35,11 @@ def test_scans_due_together_share_a_batch_unless_more_lanes_wait_than_it_takes()
     store = runtime(pool_size=20)
     lanes = list(range(16))
     assert store._spread(lanes) == [lanes]  # nothing waits
-    waiting(store, WIDE_BATCH_LANES - len(lanes))
-    assert store._spread(lanes) == [lanes]  # one batch takes them all
-    waiting(store, WIDE_BATCH_LANES)
+    waiting(store, SPREAD_BATCH_LANES - len(lanes))
+    assert store._spread(lanes) == [lanes]  # one batch is counted for them all
+    waiting(store, SPREAD_BATCH_LANES)
     assert store._spread(lanes) == [lanes[0::2], lanes[1::2]]  # as many as the waiting need
-    waiting(store, 10 * WIDE_BATCH_LANES)
+    waiting(store, 10 * SPREAD_BATCH_LANES)
     spread = store._spread(lanes)
     assert len(spread) == len(lanes) // SPREAD_LANES
     assert sorted(lane for batch in spread for lane in batch) == lanes
@@ -50,7 +50,7 @@ async def test_no_more_batches_than_connections_to_be_had_without_waiting() -> N
     store = runtime(pool_size=20, max_connections=5)
     for _ in range(3):  # the database's fixed connections: 2 units left for batches
         await store.pool.pool.budget.reserve()
-    waiting(store, 10 * WIDE_BATCH_LANES)
+    waiting(store, 10 * SPREAD_BATCH_LANES)
     lanes = list(range(16))
     assert len(store._spread(lanes)) == 2
     store._connecting = 1  # a batch of the store is being connected

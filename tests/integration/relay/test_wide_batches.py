@@ -75,8 +75,9 @@ async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_ds
     assert all(
         bodies == list(range(ROWS_PER_KEY)) for bodies in bodies_by_key(received).values()
     ), "a key's rows went out of order or twice"
-    # A wide batch of 128 lanes reads 16 x batch_size / 128 = 1 row per lane: 24 transactions
-    # for the 3,072 rows, 25 measured; batches of the two slots' own lanes took 538.
+    # A wide batch of up to WIDE_BATCH_LANES lanes reads 16 x batch_size / its lanes = 1 row
+    # per lane: with 128 lanes, 24 transactions for the 3,072 rows (25 measured); batches of
+    # the two slots' own lanes took 538.
     assert transactions <= 2 * ROWS_PER_KEY * LANES // WIDE_BATCH_LANES, transactions
 
 
