@@ -194,12 +194,14 @@ async def baseline_rate(store: StoreSettings, transport: Transport, rows: int) -
                 if token is None:
                     await conn.rollback()
                     continue
-                for row in batch:
-                    params: dict[str, Any] = {"id": row.id, "lane": lane, "token": token}
+                rows_read = batch.batch  # LaneRows: columns, one lane here
+                for index in range(len(rows_read)):
+                    message = rows_read.message(index)
+                    params: dict[str, Any] = {"id": message.id, "lane": lane, "token": token}
                     claimed = await conn.execute(claim, params)  # type: ignore[arg-type]
                     if await claimed.fetchone() is None:
                         continue
-                    await (await transport.publish(row.message))
+                    await (await transport.publish(message))
                     await conn.execute(delete, params)  # type: ignore[arg-type]
                     sent += 1
                 await conn.commit()
