@@ -39,8 +39,8 @@ KEYS = 10_000
 # The steady writer: processes (so that a busy machine's scheduler gives it enough CPU) and
 # connections in each (so that slow commits do not hold the rate back).
 WRITER_PROCESSES = 2
-BARE_ACK_EVERY = 4  # the bare steady producer times one delivery in this many
 WRITER_CONNECTIONS = 8
+BARE_ACK_EVERY = 4  # the bare steady producer times one delivery in this many
 FLOOR_BATCH = 500
 
 
@@ -86,7 +86,7 @@ def bare_kafka_steady(options: dict[str, Any]) -> None:
     topic = options["topic"]
     producer = kafka_producer(options["bootstrap"], topic)
     delivered = 0
-    latencies: list[float] = []  # ms from produce() to the delivery report, every ACK_EVERY-th
+    latencies: list[float] = []  # ms from produce() to its delivery report, 1 in BARE_ACK_EVERY
 
     def on_delivery(error: object, _message: object) -> None:
         nonlocal delivered
@@ -260,6 +260,10 @@ class SampledAckClock(AckClock):
 
 
 def worker(options: dict[str, Any]) -> None:
+    """The steady mode's worker: relayer.worker.Worker from the same TOML as ``relayer run``,
+    in a process set up as ``relayer run`` sets up its own (logging, collector settings), its
+    transports wrapped by SampledAckClock."""
+    from relayer.cli.run_command import _tune_collector
     from relayer.logs import configure
     from relayer.settings import load_settings
     from relayer.transports.registry import create_transports
@@ -285,6 +289,7 @@ def worker(options: dict[str, Any]) -> None:
             loop.add_signal_handler(signum, stop.set)
         await relay.run(stop)
 
+    _tune_collector()
     asyncio.run(serve())
     acked = {str(message_id): at for clock in wrapped.values() for message_id, at in clock.samples}
     published = sum(clock.seen for clock in wrapped.values())

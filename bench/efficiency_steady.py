@@ -236,7 +236,7 @@ def print_steady(
     how = (
         f"measured by a SampledAckClock around the worker's transports (1 message in "
         f"{ACK_SAMPLE}); the worker here is relayer.worker.Worker built from the same TOML "
-        "by bench/efficiency_children.py, not the CLI"
+        "by bench/efficiency_children.py, not the CLI (with the CLI's collector settings)"
     )
     if len(latencies) < 2:
         print(

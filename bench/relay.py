@@ -35,6 +35,7 @@ import psycopg
 
 from bench.common import machine, postgres, scratch_schema, server_version
 from relayer import Outbox, OutboxMessage, schema
+from relayer.lanes import UNORDERED_LANE
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
 from relayer.store import RelayStore
 from relayer.transports.base import Transport
@@ -107,43 +108,35 @@ async def write_backlog(
 
 
 async def outbox_empty(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> bool:
-    table = psycopg.sql.Identifier(store.db_schema, store.names.table("outbox"))
-    # Through the primary key, in its order: the entries of deleted rows are marked dead as the
-    # scan passes them, so each look is cheap. A plain LIMIT 1 walked the heap past every row
-    # deleted since the last vacuum (14 ms a look near the end of a drain, every 20 ms: the
-    # monitor took a third of a core from the relay it measured).
-    cursor = await conn.execute(
-        psycopg.sql.SQL("SELECT 1 FROM {} ORDER BY lane, id LIMIT 1").format(table)
-    )
-    return await cursor.fetchone() is None
+    """Whether ``store``'s outbox holds no row: one look from the start (DrainWatch)."""
+    return await DrainWatch(store).empty(conn)
 
 
 class DrainWatch:
     """Whether an outbox that nobody writes to any more is empty yet, each look starting at the
-    first row the previous look found. A drain only deletes, so that row's (lane, id) is a
-    lower bound of every row left, and a look steps only over the index entries of rows
-    deleted since the last one. From the start each time, a look walked every dead entry of
-    the drain so far: with 65,536 lanes that took 15 ms a look every 20 ms near the end, a
-    third of a core of PostgreSQL taken from the relay being measured.
+    first row the previous look found (the first look, below every row: lanes start at -1,
+    UNORDERED_LANE, and no id sorts before the nil UUID).
+
+    Through the primary key, in its order: the entries of deleted rows are marked dead as the
+    scan passes them. A plain LIMIT 1 walked the heap past every row deleted since the last
+    vacuum (14 ms a look near the end of a drain, every 20 ms: the monitor took a third of a
+    core from the relay it measured). A drain only deletes, so the row a look found is a lower
+    bound of every row left, and the next look steps only over the entries of rows deleted
+    since: from the start each time, a look walked every dead entry of the drain so far (with
+    65,536 lanes, 15 ms a look every 20 ms near the end).
 
     Only valid when every row was committed before the first look (a row written later may
     sort before the bound and never be seen): make a new watch for each drain."""
 
     def __init__(self, store: StoreSettings) -> None:
         table = psycopg.sql.Identifier(store.db_schema, store.names.table("outbox"))
-        self._first = psycopg.sql.SQL("SELECT lane, id FROM {} ORDER BY lane, id LIMIT 1").format(
-            table
-        )
-        self._next = psycopg.sql.SQL(
+        self._look = psycopg.sql.SQL(
             "SELECT lane, id FROM {} WHERE (lane, id) >= (%s, %s) ORDER BY lane, id LIMIT 1"
         ).format(table)
-        self._bound: tuple[Any, Any] | None = None
+        self._bound: tuple[int, uuid.UUID] = (UNORDERED_LANE, uuid.UUID(int=0))
 
     async def empty(self, conn: psycopg.AsyncConnection[Any]) -> bool:
-        if self._bound is None:
-            cursor = await conn.execute(self._first)
-        else:
-            cursor = await conn.execute(self._next, self._bound)
+        cursor = await conn.execute(self._look, self._bound)
         row = await cursor.fetchone()
         if row is None:
             return True
