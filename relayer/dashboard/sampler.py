@@ -161,12 +161,14 @@ class StoreSampler:
     async def wait_newer(self, version: int, within: float) -> Snapshot | None:
         """The latest snapshot once it is newer than ``version`` (or None after ``within``
         seconds)."""
+        # The timeout cancels the wait in this task, which holds the condition's lock: under
+        # asyncio.wait_for the wait ran in a task of its own, and a waiter cancelled or timed
+        # out at the moment a snapshot came could release the lock that task had just taken
+        # back ("cannot wait on un-acquired lock" in the event stream).
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._version > version or self._closed),
-                    within,
-                )
+                async with asyncio.timeout(within):
+                    await self._changed.wait_for(lambda: self._version > version or self._closed)
         return self.snapshot if self._version > version else None
 
     async def closed(self) -> None:
