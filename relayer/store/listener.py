@@ -107,6 +107,8 @@ class SharedListener:
 
     async def _serve(self, conn: Connection) -> None:
         listening: dict[str, StoreSettings] = {}
+        # Notifications that arrive while a LISTEN or UNLISTEN runs come through psycopg.
+        conn.add_notify_handler(lambda notice: self._deliver(notice.channel, notice.payload))
         while self._subscribers:
             for channel in [channel for channel in listening if channel not in self._subscribers]:
                 await conn.execute(queries_for(listening.pop(channel).names)["unlisten"])
@@ -116,12 +118,12 @@ class SharedListener:
                 listening[subscriber.store.names.notify_channel] = subscriber.store
             for subscriber in joined:
                 subscriber.listening()
-            # Bounded waits instead of cancelling a pending read: a cancelled notifies()
-            # generator can keep the connection busy at close.
-            async for notice in conn.notifies(timeout=LISTEN_WAIT):
-                to = self._subscribers.get(notice.channel)
-                if to is not None:
-                    to.woken(notice.payload)
+            await receive(conn, LISTEN_WAIT, self._deliver)
+
+    def _deliver(self, channel: str, payload: str) -> None:
+        to = self._subscribers.get(channel)
+        if to is not None:
+            to.woken(payload)
 
     def _retry(self) -> float:
         backoffs = [sub.store.retry_backoff.total_seconds() for sub in self._subscribers.values()]
@@ -142,3 +144,42 @@ class SharedListener:
             self._retry(),
             extra={"action": "listen_lost", "store": stores[0] if stores else ""},
         )
+
+
+async def receive(conn: Connection, seconds: float, deliver: Callable[[str, str], None]) -> None:
+    """Hand every notification that reaches ``conn`` within ``seconds`` to ``deliver``
+    (channel, payload); raises the driver's error if the connection is lost.
+
+    A reader on the connection's socket drains libpq's queue whenever bytes arrive. psycopg's
+    ``notifies()`` sets a wait up and tears it down (a reader, a timer, a future) for each
+    arrival: at a steady 1,000 notifications a second that cost the worker's event loop about
+    three times the CPU of this (bench/efficiency.py --steady). The wait is bounded instead of
+    cancelled, and the connection's lock is held throughout, so no statement of psycopg's
+    reads the socket meanwhile.
+    """
+    pgconn = conn.pgconn
+    encoding = conn.info.encoding
+    loop = asyncio.get_running_loop()
+    lost: asyncio.Future[None] = loop.create_future()
+    socket = pgconn.socket
+
+    def readable() -> None:
+        try:
+            pgconn.consume_input()
+        except DRIVER_ERRORS as exc:
+            loop.remove_reader(socket)
+            if not lost.done():
+                lost.set_exception(exc)
+            return
+        while (notice := pgconn.notifies()) is not None:
+            deliver(notice.relname.decode(encoding), notice.extra.decode(encoding))
+
+    async with conn.lock:
+        readable()  # what the last statement's reply left in libpq's buffer comes first
+        loop.add_reader(socket, readable)
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await lost
+        finally:
+            loop.remove_reader(socket)

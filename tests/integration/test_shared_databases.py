@@ -90,3 +90,89 @@ async def test_stores_join_and_leave_a_database_that_keeps_running(pg_dsn: str) 
 
     await until(none_left)
     assert databases.budget.used == 0
+
+
+async def listen_backend(store: StoreSettings) -> int | None:
+    async with await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True) as conn:
+        cursor = await conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name LIKE 'relayer:%:listen'"
+        )
+        row = await cursor.fetchone()
+        return None if row is None else int(row[0])
+
+
+class Subscribed:
+    """One store attached to a database of its own and subscribed to its LISTEN connection,
+    recording what it is handed."""
+
+    def __init__(self, store: StoreSettings) -> None:
+        self.store = store
+        self.database = Databases(WorkerSettings(), limit=10).get(store)
+        self.woken: list[str] = []
+        self.listening = 0
+
+    async def __aenter__(self) -> Subscribed:
+        await apply_schema(self.store)
+        listener = self.database.listener
+        assert listener is not None
+        await self.database.attach(self.store)
+        listener.subscribe(self.store, self.woken.append, self._listening)
+        await self.until_listening(1)
+        return self
+
+    def _listening(self) -> None:
+        self.listening += 1
+
+    async def until_listening(self, times: int) -> None:
+        async def listened() -> bool:
+            return self.listening == times
+
+        await until(listened)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.database.detach(self.store)
+
+
+async def test_every_notification_of_a_burst_arrives_in_commit_order(pg_dsn: str) -> None:
+    """Hundreds of notifications in one read of the socket: each is handed over, in order."""
+    store = make_store(pg_dsn, name="burst", table_prefix="burst_")
+    async with Subscribed(store) as subscribed:
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            async with conn.transaction():  # delivered together at commit
+                for number in range(500):
+                    await conn.execute(
+                        "SELECT pg_notify(%s, %s)", (store.names.notify_channel, str(number))
+                    )
+            for number in range(500, 600):  # and one commit each
+                await conn.execute(
+                    "SELECT pg_notify(%s, %s)", (store.names.notify_channel, str(number))
+                )
+
+        async def all_woken() -> bool:
+            return len(subscribed.woken) >= 600
+
+        await until(all_woken)
+        assert subscribed.woken == [str(number) for number in range(600)]
+
+
+async def test_a_killed_listen_connection_is_replaced_and_notifications_resume(
+    pg_dsn: str,
+) -> None:
+    """The server ends the LISTEN connection while it waits: the listener reconnects, LISTENs
+    again (the store's ``listening`` runs again, to look for what was missed) and delivers the
+    next notifications."""
+    store = make_store(pg_dsn, name="killed", table_prefix="killed_", retry_backoff="50ms")
+    async with Subscribed(store) as subscribed:
+        first = await listen_backend(store)
+        assert first is not None
+        async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
+            await conn.execute("SELECT pg_terminate_backend(%s)", (first,))
+        await subscribed.until_listening(2)
+        assert await listen_backend(store) not in (None, first)
+        await notify(store, "7")
+
+        async def woken_again() -> bool:
+            return subscribed.woken == ["7"]
+
+        await until(woken_again)
