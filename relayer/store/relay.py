@@ -20,6 +20,7 @@ from relayer import schema
 from relayer.errors import FencedWriteError
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.store import wire
 from relayer.store.connections import batch_settings, local_settings
 from relayer.store.driver import DRIVER_ERRORS, Connection, hang_up, store_error, translated
 from relayer.transports.base import OutboundBatch
@@ -114,6 +115,13 @@ class RelayStore:
         # Behind a transaction pooler each batch sets its own settings (else the pool's
         # connections carry them).
         self.local = local_settings(store, batch_settings(store))
+        # A batch's statements go through relayer.store.wire; prepared on the server unless a
+        # transaction pooler could hand the next transaction another server connection.
+        self.wired = {
+            name: wire.Statement(name, self.queries[name])
+            for name in ("set_local", "lock_lanes", "read_batch", "record_outcomes")
+        }
+        self.prepare_batches = store.pooler != "transaction"
 
     async def prepare(self, conn: Connection) -> None:
         """Before serving the store: refuse a missing, old or drifted schema or another lane
@@ -208,16 +216,20 @@ class RelayStore:
         # One round trip (the transaction's BEGIN travels with them), but two statements: the
         # read takes its snapshot after the locks were granted, so it sees what a previous
         # holder of a lane committed just before.
+        wired = self.wired
+        commands = [
+            wire.Command(wired["lock_lanes"], params),
+            wire.Command(wired["read_batch"], params, binary=True),
+        ]
+        if self.local is not None:
+            commands.insert(0, wire.Command(wired["set_local"], self.local))
         try:
-            async with conn.pipeline():
-                if self.local is not None:
-                    await conn.execute(self.queries["set_local"], self.local)
-                locked = await conn.execute(self.queries["lock_lanes"], params)
-                read = await conn.execute(self.queries["read_batch"], params, binary=True)
-            tokens = {int(lane): lane_token for lane, lane_token in await locked.fetchall()}
+            results = await wire.run(conn, commands, begin=True, prepare=self.prepare_batches)
+            first = 0 if self.local is None else 1
+            tokens = {int(lane): lane_token for lane, lane_token in results.rows(first)}
             if not tokens:
                 return tokens, _NO_ROWS
-            rows = await read.fetchall()
+            rows = results.rows(first + 1)
         except DRIVER_ERRORS as exc:
             raise store_error(self.store, "lock and read lanes", exc) from exc
         if len(tokens) < len(lanes):
@@ -284,16 +296,18 @@ class RelayStore:
             "expected": len(acked),
         }
         try:
-            async with conn.pipeline():
-                cursor = await conn.execute(self.queries["record_outcomes"], params)
-                await conn.commit()
+            results = await wire.run(
+                conn,
+                [wire.Command(self.wired["record_outcomes"], params)],
+                commit=True,
+                prepare=self.prepare_batches,
+            )
+            [row] = results.rows(0)
         except DRIVER_ERRORS as exc:
             lost = _fence_lost(exc)
             if lost is not None:
                 raise FencedWriteError(lost) from exc
             raise store_error(self.store, "record outcomes", exc) from exc
-        row = await cursor.fetchone()
-        assert row is not None
         deleted, failed, gave_up, unparked, _ = row
         return Outcomes(int(deleted), int(failed), tuple(gave_up), int(unparked))
 
