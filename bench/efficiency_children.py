@@ -293,7 +293,15 @@ def worker(options: dict[str, Any]) -> None:
     asyncio.run(serve())
     acked = {str(message_id): at for clock in wrapped.values() for message_id, at in clock.samples}
     published = sum(clock.seen for clock in wrapped.values())
-    Path(options["acks"]).write_text(json.dumps({"acked": acked, "published": published}))
+    stats = relay.runtimes[store.name].stats
+    batching = {
+        "transactions": stats.batch_seconds.count,
+        "lane_batches": stats.batches,
+        "sent": stats.sent,
+    }
+    Path(options["acks"]).write_text(
+        json.dumps({"acked": acked, "published": published, "batching": batching})
+    )
 
 
 # -- the steady writer -----------------------------------------------------------------------

@@ -225,6 +225,17 @@ def print_steady(
     )
     if named:
         print(f"- worker other threads: {named}")
+    batching = sampled.get("batching")
+    if batching and batching["transactions"] and batching["sent"]:
+        transactions, sent = batching["transactions"], batching["sent"]
+        main = window.group("worker") * 1e6 / messages
+        print(
+            f"- the worker sent {sent:,} rows in {transactions:,} batch transactions over the "
+            f"whole run ({sent / transactions:.1f} rows and "
+            f"{batching['lane_batches'] / transactions:.1f} lanes a transaction): its main "
+            f"thread spent about {main * sent / transactions:,.0f} µs a transaction (fewer "
+            "rows a transaction, as when acknowledgements come sooner, cost more a message)"
+        )
     for group, count in window.vanished.items():
         print(f"- {count} {group} thread(s)/backend(s) exited mid-window (CPU to last sample)")
     acked: dict[str, float] = sampled.get("acked", {})
