@@ -10,22 +10,37 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from relayer.dispatch import PostgresClusterState
 from relayer.dispatch.control import queue_lock_key
 from relayer.settings import StoreSettings
+from relayer.store import wire
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 class CountingConnection(psycopg.AsyncConnection[Any]):
-    """Counts the statements sent, to prove what a pass costs in round trips."""
+    """Counts the round trips made on it, to prove what a pass costs: each statement psycopg
+    runs, and each pipeline of relayer.store.wire once ``count_wire`` is in place."""
 
     statements = 0
 
     async def execute(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         type(self).statements += 1
         return await super().execute(*args, **kwargs)
+
+
+def count_wire(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Count relayer.store.wire's pipelines on CountingConnections too."""
+    run = wire.run
+
+    async def counted(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(conn, CountingConnection):
+            CountingConnection.statements += 1
+        return await run(conn, *args, **kwargs)
+
+    monkeypatch.setattr(wire, "run", counted)
 
 
 async def slots_in_use(store: StoreSettings, queue: str, pid: int | None = None) -> int:

@@ -22,7 +22,12 @@ from relayer.dispatch.control import queue_lock_key
 from relayer.errors import ConfigurationError, DispatchError, SchemaNotAppliedError
 from relayer.settings import StoreSettings
 from tests.conftest import make_store
-from tests.integration.dispatch.helpers import CountingConnection, server_pid, slots_in_use
+from tests.integration.dispatch.helpers import (
+    CountingConnection,
+    count_wire,
+    server_pid,
+    slots_in_use,
+)
 from tests.integration.pgbouncer.helpers import pooled
 from tests.unit.dispatch.harness import Held, running, settle
 
@@ -170,7 +175,10 @@ async def test_none_clears_a_limit(store: StoreSettings, gated: StoreSettings) -
     assert (limited.action, limited.limit) == ("limit", 1)
 
 
-async def test_a_weighted_pass_costs_one_round_trip(store: StoreSettings) -> None:
+async def test_a_weighted_pass_costs_one_round_trip(
+    store: StoreSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count_wire(monkeypatch)
     admin = await control(store)
     await admin.set_limit("a", 2)
     await admin.pause("b")
