@@ -299,7 +299,7 @@ class _Direction:
         commit = is_commit(kind, message) and link.outcome_sent
         if outcome:
             link.outcome_sent = True
-        elif kind == ord("Q"):
+        elif kind == ord("Q") or ends_transaction(kind, message):
             link.outcome_sent = False  # COMMIT or ROLLBACK ends the transaction
         if self.proxy.watch is None:
             return FORWARD
@@ -389,7 +389,24 @@ def is_outcome_statement(link: PostgresLink, kind: int, message: bytes) -> bool:
 
 
 def is_commit(kind: int, message: bytes) -> bool:
-    return kind == ord("Q") and message[5:].rstrip(b"\0").strip().upper() == b"COMMIT"
+    """A COMMIT: a simple query (psycopg's commit()), or the Parse of an unnamed statement
+    (the extended protocol of a pipeline, as relayer.store.wire sends it after the outcome
+    statement, with its Bind, Execute and Sync in the same write)."""
+    return _command(kind, message) == b"COMMIT"
+
+
+def ends_transaction(kind: int, message: bytes) -> bool:
+    return _command(kind, message) in (b"COMMIT", b"ROLLBACK")
+
+
+def _command(kind: int, message: bytes) -> bytes | None:
+    """The text of a simple query or of an unnamed Parse, upper-cased; None otherwise."""
+    if kind == ord("Q"):
+        return message[5:].rstrip(b"\0").strip().upper()
+    if kind == ord("P"):
+        name, query = _cstrings(message, 2)
+        return None if name else query.strip().upper()
+    return None
 
 
 def kafka_client_id(hello: bytes) -> str | None:
