@@ -27,8 +27,11 @@ broker's CPU per message under the bare producer; relayer's fraction is limit / 
 Steady mode (on by default, to Kafka if selected): a writer process commits one row per
 transaction at --steady-rate rows/s for --steady-seconds; a worker relays them. Reported: all
 CPU per message over the window after a warm-up (worker, its sessions, broker; the writer and
-its sessions apart) and commit-to-ack p50/p99. --lanes 65536 adds a drain with that many lanes
-and an idle worker owning them. Prints figures; asserts nothing.
+its sessions apart) and commit-to-ack p50/p99. To Kafka it then runs the least relay under the
+same writers at the same rate (one blocking loop: LISTEN, lock the lanes named, read, produce,
+wait for the deliveries, delete, commit), whose CPU per message and commit-to-ack are what the
+machine allows at that rate, and the bare producer at that rate. --lanes 65536 adds a drain
+with that many lanes and an idle worker owning them. Prints figures; asserts nothing.
 """
 
 from __future__ import annotations

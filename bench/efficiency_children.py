@@ -7,6 +7,8 @@
 - ``worker``: relayer.worker.Worker as ``relayer run`` builds it from the same TOML file, with
   every transport wrapped in a SampledAckClock; on SIGTERM it stops gracefully and writes the
   sampled acknowledgement times to a file (steady mode's commit-to-ack latency).
+- ``floor-steady``: the least relay at steady mode's rate (one blocking loop), until a second
+  line on stdin; writes sampled acknowledgement times to a file.
 - ``writer``: commits one outbox row per transaction at a steady rate over a few connections,
   and writes each row's commit time to a file.
 """
@@ -304,6 +306,97 @@ def worker(options: dict[str, Any]) -> None:
     )
 
 
+def floor_steady(options: dict[str, Any]) -> None:
+    """The least a relay can do at steady mode's rate, as one blocking loop: wait for the
+    writers' notifications, then in one transaction for every lane named since the last one:
+    lock the lanes' lease rows, read their head rows (lane, id order), produce each to Kafka
+    and wait for every delivery report, delete them by an id array, commit. No linger, no
+    dispatch, no fencing, no second worker: what it costs and how soon the broker has a row is
+    what this machine allows under the same writers. Runs until a line arrives on stdin; writes
+    the acknowledgement time of one row in ``every`` to ``acks``."""
+    import select
+
+    from bench.transport_bare import kafka_producer
+
+    outbox = sql.Identifier(options["schema"], options["outbox"])
+    leases = sql.Identifier(options["schema"], options["leases"])
+    lock = sql.SQL("SELECT token FROM {} WHERE name = ANY(%s) FOR UPDATE").format(leases)
+    read = sql.SQL(
+        "SELECT id, ordering_key, destination, body FROM {} WHERE lane = ANY(%s) "
+        "ORDER BY lane, id LIMIT %s"
+    ).format(outbox)
+    delete = sql.SQL("DELETE FROM {} WHERE id = ANY(%s)").format(outbox)
+    topic, every = options["topic"], options["every"]
+    producer = kafka_producer(options["bootstrap"], topic)
+    acked: dict[str, float] = {}
+    delivered = 0
+
+    def on_delivery(error: object, _message: object) -> None:
+        nonlocal delivered
+        delivered += error is None
+
+    with (
+        psycopg.connect(
+            options["dsn"], autocommit=True, application_name="efficiency-floor-listen"
+        ) as listen,
+        psycopg.connect(
+            options["dsn"],
+            application_name="efficiency-floor",
+            options="-c synchronous_commit=off -c enable_bitmapscan=off",
+            prepare_threshold=0,
+        ) as work,
+    ):
+        listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(options["channel"])))
+        work.execute(
+            sql.SQL(
+                "INSERT INTO {} (name, lane, owner, token, expires_at) "
+                "SELECT 'lane:' || lane, lane, '', %s, 'infinity' "
+                "FROM pg_catalog.generate_series(0, %s - 1) AS lane ON CONFLICT (name) DO NOTHING"
+            ).format(leases),
+            (uuid.uuid4(), options["lanes"]),
+        )
+        work.commit()
+        pgconn = listen.pgconn
+        ready(backends=[listen.info.backend_pid, work.info.backend_pid])
+        started, before = time.perf_counter(), clocks()
+        woken: set[int] = set()
+        sent = 0
+        while True:
+            readable, _, _ = select.select([pgconn.socket, sys.stdin], [], [], 1.0)
+            if sys.stdin in readable:
+                sys.stdin.readline()
+                break
+            pgconn.consume_input()
+            while (notice := pgconn.notifies()) is not None:
+                woken.add(int(notice.extra))
+            if not woken:
+                continue
+            lanes = sorted(woken)
+            woken.clear()
+            work.execute(lock, ([f"lane:{lane}" for lane in lanes],))
+            rows = work.execute(read, (lanes, FLOOR_BATCH)).fetchall()
+            for message_id, key, topic_name, body in rows:
+                producer.produce(
+                    topic_name,
+                    body,
+                    key,
+                    headers=[("relayer-message-id", str(message_id))],
+                    on_delivery=on_delivery,
+                )
+            producer.flush(30)
+            now = time.time()
+            for message_id, *_ in rows:
+                sent += 1
+                if sent % every == 0:
+                    acked[str(message_id)] = now
+            if rows:
+                work.execute(delete, ([row[0] for row in rows],))
+            work.commit()
+        result = spent(before, seconds=time.perf_counter() - started, rows=sent)
+    Path(options["acks"]).write_text(json.dumps({"acked": acked, "published": sent}))
+    report({**result, "delivered": delivered})
+
+
 # -- the steady writer -----------------------------------------------------------------------
 
 
@@ -373,6 +466,8 @@ def main() -> None:
         asyncio.run(bare_rabbitmq(options))
     elif kind == "floor":
         floor(options)
+    elif kind == "floor-steady":
+        floor_steady(options)
     elif kind == "worker":
         worker(options)
     elif kind == "writer":

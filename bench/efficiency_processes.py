@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -248,8 +248,14 @@ def backends_of(
     return pids
 
 
+class Relaying(Protocol):
+    """A process that relays a store's rows: ``check()`` raises once it has exited."""
+
+    def check(self) -> None: ...
+
+
 async def drained(
-    conn: psycopg.AsyncConnection[Any], store: StoreSettings, worker: WorkerProcess
+    conn: psycopg.AsyncConnection[Any], store: StoreSettings, worker: Relaying
 ) -> None:
     """Return once ``store``'s outbox is empty (raise if the worker exits first). Every row
     must have been committed before the call (a DrainWatch)."""

@@ -9,6 +9,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,82 @@ SETTLE = 2.0  # the least wait after "serving" before the idle window opens
 LABELS = {"kafka": "Kafka", "rabbitmq": "RabbitMQ", "memory": "memory"}
 
 
+class Steady:
+    """One steady run's set-up: a scratch store with notifications, its worker TOML, and the
+    writers' commit times once they are done."""
+
+    def __init__(self, environment: Environment, transport: str) -> None:
+        self.environment = environment
+        self.transport = transport
+        arguments = environment.arguments
+        self.rate, self.seconds = arguments.steady_rate, arguments.steady_seconds
+        self.warm_up = min(WARM_UP, self.seconds / 3)
+
+    async def run(
+        self,
+        store: Any,
+        config: str,
+        folder: str,
+        target: str,
+        relay: Any,
+        backends: Callable[[], Awaitable[list[int]]],
+    ) -> tuple[Window, float, float, dict[str, float]]:
+        """Write at the steady rate while ``relay`` (a process with ``pid`` and ``check()``)
+        relays; the meter's window, when it opened and closed, and every row's commit time."""
+        environment = self.environment
+        await asyncio.sleep(1)  # membership settled, lanes scheduled
+        writers = [
+            Child(
+                "writer",
+                {
+                    "config": config,
+                    "store": store.name,
+                    "destination": target,
+                    "rate": self.rate,
+                    "seconds": self.seconds,
+                    "process": number,
+                    "out": str(Path(folder) / f"committed-{number}.json"),
+                    "application_name": f"efficiency-writer:{store.name}",
+                },
+            )
+            for number in range(WRITER_PROCESSES)
+        ]
+        writer_backends = [pid for writer in writers for pid in (await writer.start())["backends"]]
+
+        async def writer_sessions() -> list[int]:
+            return writer_backends
+
+        for writer in writers:
+            await writer.go()
+        await asyncio.sleep(self.warm_up)
+        meter = Meter(
+            {
+                "worker": relay.pid,
+                "broker": environment.broker_pids.get(self.transport, []),
+                "writer": [writer.pid for writer in writers],
+            },
+            {"backends": backends, "writer backends": writer_sessions},
+            split={"worker"},
+        )
+        await meter.start()
+        opened = time.time()
+        await asyncio.sleep(self.seconds - self.warm_up - 0.5)  # closes before the writers stop
+        window = await meter.stop()
+        closed = time.time()
+        for writer in writers:
+            await writer.result()
+        async with await psycopg.AsyncConnection.connect(
+            environment.dsn, autocommit=True
+        ) as monitor:
+            await drained(monitor, store, relay)
+        committed: dict[str, float] = {}
+        for number in range(WRITER_PROCESSES):
+            committed.update(json.loads((Path(folder) / f"committed-{number}.json").read_text()))
+        return window, opened, closed, committed
+
+
 async def steady(environment: Environment, transport: str) -> None:
-    arguments = environment.arguments
-    rate, seconds = arguments.steady_rate, arguments.steady_seconds
-    warm_up = min(WARM_UP, seconds / 3)
+    run = Steady(environment, transport)
     with (
         scratch_schema(environment.dsn, "efficiency") as schema_name,
         tempfile.TemporaryDirectory() as folder,
@@ -64,59 +137,116 @@ async def steady(environment: Environment, transport: str) -> None:
             await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
             WorkerProcess(command, folder) as worker,
         ):
-            await asyncio.sleep(1)  # membership settled, lanes scheduled
-            writers = [
-                Child(
-                    "writer",
-                    {
-                        "config": config,
-                        "store": store.name,
-                        "destination": target,
-                        "rate": rate,
-                        "seconds": seconds,
-                        "process": number,
-                        "out": str(Path(folder) / f"committed-{number}.json"),
-                        "application_name": f"efficiency-writer:{store.name}",
-                    },
-                )
-                for number in range(WRITER_PROCESSES)
-            ]
-            writer_backends = [
-                pid for writer in writers for pid in (await writer.start())["backends"]
-            ]
-
-            async def writer_sessions() -> list[int]:
-                return writer_backends
-
-            for writer in writers:
-                await writer.go()
-            await asyncio.sleep(warm_up)
-            meter = Meter(
-                {
-                    "worker": worker.pid,
-                    "broker": environment.broker_pids.get(transport, []),
-                    "writer": [writer.pid for writer in writers],
-                },
-                {"backends": backends_of(monitor, store.name), "writer backends": writer_sessions},
-                split={"worker"},
+            window, opened, closed, committed = await run.run(
+                store, config, folder, target, worker, backends_of(monitor, store.name)
             )
-            await meter.start()
-            opened = time.time()
-            await asyncio.sleep(seconds - warm_up - 0.5)  # closes before the writer stops
-            window = await meter.stop()
-            closed = time.time()
-            for writer in writers:
-                await writer.result()
-            await drained(monitor, store, worker)
             await worker.stop()
-        committed: dict[str, float] = {}
-        for number in range(WRITER_PROCESSES):
-            committed.update(json.loads((Path(folder) / f"committed-{number}.json").read_text()))
         sampled: dict[str, Any] = json.loads(acks.read_text()) if acks.exists() else {}
     inside = sum(1 for at in committed.values() if opened <= at < closed)
     print_steady(environment, transport, window, inside, committed, sampled, opened)
     if transport == "kafka":
+        await steady_floor(run)
         await steady_bare_kafka(environment)
+
+
+class FloorProcess:
+    """The floor-steady child as Steady.run follows a relay: ``pid``, ``check()``; ``stop()``
+    ends its loop and returns its result."""
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+    def check(self) -> None:
+        process = self.child.process
+        if process is not None and process.returncode is not None:
+            raise RuntimeError(f"the floor relay exited ({process.returncode})")
+
+    async def stop(self) -> dict[str, Any]:
+        await self.child.go()  # a second line ends the loop
+        return await self.child.result()
+
+
+async def steady_floor(run: Steady) -> None:
+    """The least relay (efficiency_children.floor_steady) under the same writers at the same
+    rate: what a message costs and how soon the broker has it, at the least, on this machine."""
+    environment = run.environment
+    assert environment.bootstrap is not None
+    with (
+        scratch_schema(environment.dsn, "efficiency") as schema_name,
+        tempfile.TemporaryDirectory() as folder,
+    ):
+        options = transport_options(environment, "kafka")
+        store = await applied(
+            make_store(environment.dsn, schema_name, options, notify=True, name=schema_name)
+        )
+        config = write_config(store, options, folder, environment.arguments.store_options)
+        acks = Path(folder) / "acks.json"
+        async with destination(environment, "kafka") as target:
+            child = Child(
+                "floor-steady",
+                {
+                    "dsn": environment.dsn,
+                    "schema": store.db_schema,
+                    "outbox": store.names.table("outbox"),
+                    "leases": store.names.table("leases"),
+                    "channel": store.names.notify_channel,
+                    "lanes": store.lanes,
+                    "bootstrap": environment.bootstrap,
+                    "topic": target,
+                    "every": ACK_SAMPLE,
+                    "acks": str(acks),
+                },
+            )
+            backend_pids = (await child.start())["backends"]
+
+            async def backends() -> list[int]:
+                return list(backend_pids)
+
+            floor = FloorProcess(child)
+            await child.go()
+            window, opened, closed, committed = await run.run(
+                store, config, folder, target, floor, backends
+            )
+            await floor.stop()
+        sampled: dict[str, Any] = json.loads(acks.read_text()) if acks.exists() else {}
+    messages = max(sum(1 for at in committed.values() if opened <= at < closed), 1)
+    parts = {
+        "process": window.group("worker") + window.group("worker other"),
+        "its PG backends": window.group("backends"),
+        "broker": window.group("broker"),
+    }
+    costs = ", ".join(f"{name} {spent * 1e6 / messages:.1f}" for name, spent in parts.items())
+    total = sum(parts.values()) * 1e6 / messages
+    latencies = latencies_of(committed, sampled, opened)
+    quantiles = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else None
+    latency = (
+        f"commit-to-ack p50 {quantiles[49]:.2f} ms, p90 {quantiles[89]:.2f} ms, p99 "
+        f"{quantiles[98]:.2f} ms ({len(latencies):,} samples)"
+        if quantiles
+        else "commit-to-ack not recorded"
+    )
+    print(
+        f"- least relay at the same rate under the same writers (one blocking loop: LISTEN, "
+        f"lock the named lanes, read, produce, wait for the deliveries, delete, commit; no "
+        f"linger, dispatch or fencing): CPU µs/msg {costs}, total {total:.1f}; {latency}: "
+        "the least this machine allows at this rate"
+    )
+
+
+def latencies_of(
+    committed: dict[str, float], sampled: dict[str, Any], opened: float
+) -> list[float]:
+    """Commit-to-ack in ms of the sampled rows committed after ``opened``, sorted."""
+    acked: dict[str, float] = sampled.get("acked", {})
+    return sorted(
+        (acked[message_id] - at) * 1000
+        for message_id, at in committed.items()
+        if at >= opened and message_id in acked
+    )
 
 
 async def steady_bare_kafka(environment: Environment) -> None:
@@ -238,12 +368,7 @@ def print_steady(
         )
     for group, count in window.vanished.items():
         print(f"- {count} {group} thread(s)/backend(s) exited mid-window (CPU to last sample)")
-    acked: dict[str, float] = sampled.get("acked", {})
-    latencies = sorted(
-        (acked[message_id] - at) * 1000
-        for message_id, at in committed.items()
-        if at >= opened and message_id in acked
-    )
+    latencies = latencies_of(committed, sampled, opened)
     how = (
         f"measured by a SampledAckClock around the worker's transports (1 message in "
         f"{ACK_SAMPLE}); the worker here is relayer.worker.Worker built from the same TOML "
