@@ -142,6 +142,28 @@ async def bare_rabbitmq(options: dict[str, Any]) -> None:
 # -- the least PostgreSQL work ---------------------------------------------------------------
 
 
+def floor_connection(options: dict[str, Any]) -> psycopg.Connection[Any]:
+    """The floor's connection: the relay's batch settings (no bitmap scans, asynchronous
+    commit), every statement server-side prepared from its first run, and a lease row for
+    every lane of the store in ``options``."""
+    conn = psycopg.connect(
+        options["dsn"],
+        application_name="efficiency-floor",
+        options="-c synchronous_commit=off -c enable_bitmapscan=off",
+        prepare_threshold=0,
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (name, lane, owner, token, expires_at) "
+            "SELECT 'lane:' || lane, lane, '', %s, 'infinity' "
+            "FROM pg_catalog.generate_series(0, %s - 1) AS lane ON CONFLICT (name) DO NOTHING"
+        ).format(sql.Identifier(options["schema"], options["leases"])),
+        (uuid.uuid4(), options["lanes"]),
+    )
+    conn.commit()
+    return conn
+
+
 def floor(options: dict[str, Any]) -> None:
     """Per lane, in one transaction: lock its lease row, read up to 500 rows head first,
     delete them by an id array, commit; until every row is gone. The connection has the
@@ -154,22 +176,8 @@ def floor(options: dict[str, Any]) -> None:
         "FROM {} WHERE lane = %s ORDER BY id LIMIT %s"
     ).format(outbox)
     delete = sql.SQL("DELETE FROM {} WHERE lane = %s AND id = ANY(%s)").format(outbox)
-    with psycopg.connect(
-        options["dsn"],
-        application_name="efficiency-floor",
-        options="-c synchronous_commit=off -c enable_bitmapscan=off",
-        prepare_threshold=0,  # every statement server-side prepared from its first run
-    ) as conn:
+    with floor_connection(options) as conn:
         backend = conn.info.backend_pid
-        conn.execute(
-            sql.SQL(
-                "INSERT INTO {} (name, lane, owner, token, expires_at) "
-                "SELECT 'lane:' || lane, lane, '', %s, 'infinity' "
-                "FROM pg_catalog.generate_series(0, %s - 1) AS lane ON CONFLICT (name) DO NOTHING"
-            ).format(leases),
-            (uuid.uuid4(), options["lanes"]),
-        )
-        conn.commit()
         ready(backend=backend)
         backend_before = thread_seconds(backend, backend)
         started, before = time.perf_counter(), clocks()
@@ -339,23 +347,9 @@ def floor_steady(options: dict[str, Any]) -> None:
         psycopg.connect(
             options["dsn"], autocommit=True, application_name="efficiency-floor-listen"
         ) as listen,
-        psycopg.connect(
-            options["dsn"],
-            application_name="efficiency-floor",
-            options="-c synchronous_commit=off -c enable_bitmapscan=off",
-            prepare_threshold=0,
-        ) as work,
+        floor_connection(options) as work,
     ):
         listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(options["channel"])))
-        work.execute(
-            sql.SQL(
-                "INSERT INTO {} (name, lane, owner, token, expires_at) "
-                "SELECT 'lane:' || lane, lane, '', %s, 'infinity' "
-                "FROM pg_catalog.generate_series(0, %s - 1) AS lane ON CONFLICT (name) DO NOTHING"
-            ).format(leases),
-            (uuid.uuid4(), options["lanes"]),
-        )
-        work.commit()
         pgconn = listen.pgconn
         ready(backends=[listen.info.backend_pid, work.info.backend_pid])
         started, before = time.perf_counter(), clocks()
