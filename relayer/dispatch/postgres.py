@@ -275,7 +275,8 @@ class PostgresClusterState:
     async def _claim(self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]) -> list[Any]:
         if not self._pinned:
             # A pass per batch transaction: the short path to the wire (relayer.store.wire)
-            # costs the event loop about a third of psycopg's execute.
+            # costs the client about half of psycopg's execute (73-97 µs of CPU a round trip
+            # against 170-177, idle machine).
             results = await wire.run(conn, [wire.Command(self._claim_statement, params)])
             return results.rows(0)
         cursor = await self._run(conn, self._queries["queue_claim"], params)

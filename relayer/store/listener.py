@@ -152,8 +152,8 @@ async def receive(conn: Connection, seconds: float, deliver: Callable[[str, str]
 
     A reader on the connection's socket drains libpq's queue whenever bytes arrive. psycopg's
     ``notifies()`` sets a wait up and tears it down (a reader, a timer, a future) for each
-    arrival: at a steady 1,000 notifications a second that cost the worker's event loop about
-    three times the CPU of this (bench/efficiency.py --steady). The wait is bounded instead of
+    arrival: at a steady 1,000 notifications a second that cost the event loop 137-147 µs of
+    CPU a notification, against 48 this way (the two alternated). The wait is bounded instead of
     cancelled, and the connection's lock is held throughout, so no statement of psycopg's
     reads the socket meanwhile.
     """
