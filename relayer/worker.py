@@ -202,7 +202,16 @@ class StoreRuntime:
         # Batches of _send_group still waiting for their connection (_spread counts them).
         self._connecting = 0
         self.linger = store.wake_linger.total_seconds()
+        # The open wake_linger window (relayer.worker's _wake_window): when it ends, and the
+        # lane woken first in it (its opener) if that lane's scan was scheduled at once, so
+        # that the dispatch pass and its claim run while the window is open. The lanes woken
+        # later in it (joining) are then served in the opener's batch: gathered once the
+        # window ends, taken from the queue by the opener's batch (_widen).
         self._window_ends = float("-inf")
+        self._window_opener: int | None = None
+        self._openers: dict[int, float] = {}  # lane -> the end of the window it opened
+        self._joining: set[int] = set()
+        self._gathered: set[int] = set()
         # Consecutive polls that found no row: while LISTEN wakes the store, an idle store's
         # fallback poll waits twice as long after each (idle_poll_wait).
         self._idle_polls = 0
@@ -220,6 +229,7 @@ class StoreRuntime:
 
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
         self._idle_polls = 0
+        self._openers = {lane: ends for lane, ends in self._openers.items() if lane in lanes}
         self.maintenance.lanes_changed()  # the cleanup runs where its lane is
         for lane in range(self.store.lanes):
             if lane not in lanes:
@@ -239,19 +249,48 @@ class StoreRuntime:
         if lane in self.membership.lanes:
             # Skip the probe: a row was just committed in this lane.
             self._due.add(lane)
-            self._schedule(lane, self._wake_window(self.now()))
+            self._schedule(lane, self._wake_window(lane, self.now()))
 
     def _notified(self, payload: str) -> None:
         self.woken(payload)  # looked up on each notification: tests wrap it on a running worker
 
-    def _wake_window(self, now: float) -> float:
-        """When a lane woken now is scanned: at the end of the current wake_linger window, so
-        that every lane woken within it is claimed in one pass and the scans share batch
-        transactions (at a steady rate of single-row transactions, a batch per row would cost
-        far more than the rows)."""
+    def _wake_window(self, lane: int, now: float) -> float:
+        """When ``lane``, woken now, is due: every lane woken within one wake_linger window is
+        sent in one batch transaction at its end (at a steady rate of single-row transactions,
+        a batch per row would cost far more than the rows).
+
+        The lane that opens a window is due at once when nothing else waits for it (no scan
+        waiting or running, no outage hold): its dispatch pass and claim run while the window
+        is open, and its scan waits for the window's end (``_scan``), so the claim's round
+        trip is not added to the latency. The lanes woken later in the window join it: due a
+        linger after its end, they are gathered when it ends and the opener's batch takes them
+        from the queue (``_widen``), riding on the slot it was granted, as a widened batch's
+        lanes do. If the opener is late or refused (a paused store, no free slot), they are
+        scanned on their own when they come due. A window without such an opener is served
+        at its end, every lane due then."""
         if now >= self._window_ends:
+            self._gather()  # the window that ended: its joiners go in the next batch
             self._window_ends = now + self.linger
-        return self._window_ends
+            if self.linger > 0 and lane not in self._held and not self.queue.holds(lane):
+                self._window_opener = lane
+                self._openers[lane] = self._window_ends
+                return now
+            self._window_opener = None
+            return self._window_ends
+        return self._join(lane)
+
+    def _join(self, lane: int) -> float:
+        """When ``lane``, woken inside the open window, is due (``_wake_window``)."""
+        if self._window_opener is None or lane == self._window_opener:
+            return self._window_ends
+        self._joining.add(lane)
+        return self._window_ends + self.linger
+
+    def _gather(self) -> None:
+        """The open window's joiners are for the next batch (its end has come)."""
+        if self._joining:
+            self._gathered |= self._joining
+            self._joining = set()
 
     def wake_all(self, *, fallback: bool = False) -> None:
         """Probe every owned lane in one query and scan the lanes whose head is due, now (on an
@@ -301,15 +340,15 @@ class StoreRuntime:
     def _woken(self, heads: list[LaneHead]) -> None:
         """Schedule the scans of the lanes a wake-up probe found."""
         now = self.now()
-        # Lanes found due while a wake_linger window is open join it: they go in the batches
+        # Lanes found due while a wake_linger window is open join it: they go in the batch
         # of the lanes notified within it (a poll that fell inside the window would otherwise
         # start batches of its own a few milliseconds earlier).
-        due = self._window_ends if now < self._window_ends else now
+        joining = now < self._window_ends
         for head in heads:
             decided = self.relay.after_probe(head)
             if decided is None:
                 self._due.add(head.lane)
-                self._schedule(head.lane, due)
+                self._schedule(head.lane, self._join(head.lane) if joining else now)
             elif decided.scan in (Scan.FUTURE, Scan.BUSY):
                 self._schedule(head.lane, now + decided.next_in)
 
@@ -438,6 +477,15 @@ class StoreRuntime:
             self.queue.schedule(lane, now + result.next_in)
 
     async def _scan(self, lane: int) -> ScanResult:
+        ends = self._openers.pop(lane, None)
+        if ends is not None:
+            # This lane opened a wake_linger window: its batch goes at the window's end, with
+            # the lanes woken meanwhile (_wake_window).
+            wait = ends - self.now()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if ends == self._window_ends:
+                self._gather()
         if lane in self._due:
             self._due.discard(lane)
         else:
@@ -541,7 +589,8 @@ class StoreRuntime:
         by a probe, named by a writer's notification or left by a batch), up to
         WIDE_BATCH_LANES lanes in all, taken from the queue for the batch of ``lanes``. Due
         jobs wait in the queue only while every slot is busy: under a light load a batch is
-        not widened.
+        not widened, except by the lanes of a wake_linger window that has ended
+        (``_wake_window``): every one of them that waits goes in the first batch after it.
 
         They ride on the slot of the batch's own scans: the dispatch layer granted that slot
         for one batch transaction (a store's concurrency limit counts batches in flight), and
@@ -554,10 +603,26 @@ class StoreRuntime:
         if room <= 0 or self.membership.expired() or self.relay.stopped:
             return []
         now = self.now()
+        taken: list[Job[int]] = []
+        if self._gathered:
+            # Lanes woken within a wake_linger window that has ended (_wake_window): all of
+            # them that wait, whatever else is due.
+            gathered = sorted(self._gathered - set(lanes))
+            self._gathered = set()
+            jobs = self.queue.take(gathered[:room], now + self.linger)
+            taken = self._due_jobs(jobs)
+            room -= len(taken)
+            if room <= 0:
+                return taken
         # At most half of the lanes still due: the rest start batches of their own beside
         # this one (a backlog held by a few lanes with many rows is drained by transactions
         # side by side, not by one wide one that leaves the other connections idle).
         jobs = self.queue.claim(now, min(room, self.queue.due_count(now) // 2))
+        return taken + self._due_jobs(jobs)
+
+    def _due_jobs(self, jobs: list[Job[int]]) -> list[Job[int]]:
+        """Of ``jobs`` taken from the queue for a batch, those of owned lanes whose head is
+        known to be due; the others are given back (rescheduled as they were, if owned)."""
         taken: list[Job[int]] = []
         owned = self.membership.lanes
         due = self._due

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -158,6 +158,25 @@ class MemoryQueue(Generic[KeyT]):
             self._ready_count -= 1
             self._running.add(key)
             jobs.append(Job(self._name, key, due, sequence))
+        return jobs
+
+    def holds(self, key: KeyT) -> bool:
+        """``key`` has a job: waiting (due or not) or running."""
+        return key in self._waiting or key in self._running
+
+    def take(self, keys: Iterable[KeyT], due_by: float) -> list[Job[KeyT]]:
+        """Claim the waiting jobs of ``keys`` that are due by ``due_by`` (in the order of
+        ``keys``), outside any worker group: each is running until ``finish``. For a caller
+        that serves those keys along with a job it was granted (the relay's wake_linger window,
+        relayer.worker); a key that is running, or waits for a later time, is left as it is."""
+        jobs: list[Job[KeyT]] = []
+        for key in keys:
+            entry = self._waiting.get(key)
+            if entry is None or entry[0] > due_by:
+                continue
+            self._forget(entry)  # its heap entry is skipped from now on
+            self._running.add(key)
+            jobs.append(Job(self._name, key, entry[0], entry[1]))
         return jobs
 
     def finish(self, job: Job[KeyT]) -> None:

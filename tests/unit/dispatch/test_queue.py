@@ -136,3 +136,34 @@ def test_keys_are_the_waiting_running_and_rescheduled_ones() -> None:
     assert queue.keys() == {1, 2, 3}
     queue.discard(3)
     assert queue.keys() == {1, 2}
+
+
+def test_take_claims_the_named_waiting_keys_due_by_the_time_given() -> None:
+    queue: MemoryQueue[int] = MemoryQueue()
+    queue.schedule(1, 5.0)  # not due by 4.0: left waiting
+    queue.schedule(2, 3.0)
+    queue.schedule(3, 4.0)
+    queue.schedule(4, 1.0)  # due, but not asked for
+    (running,) = queue.claim(1.0, 1)
+    assert running.key == 4
+    assert queue.due_count(3.5) == 1  # key 2
+    taken = queue.take([3, 2, 1, 4, 9], due_by=4.0)  # 4 runs, 9 has no job
+    assert [(job.key, job.due) for job in taken] == [(3, 4.0), (2, 3.0)]
+    assert queue.is_running(2) and queue.is_running(3)
+    assert queue.due_count(10.0) == 1  # only key 1 waits: taken jobs are not counted twice
+    assert keys(queue.claim(10.0, 10)) == [1]
+    queue.schedule(2, 0.0)  # while taken it is running: pending, as for a claimed job
+    assert queue.claim(10.0, 10) == []
+    queue.finish(taken[1])
+    assert keys(queue.claim(10.0, 10)) == [2]
+
+
+def test_holds_is_true_while_a_key_waits_or_runs() -> None:
+    queue: MemoryQueue[str] = MemoryQueue()
+    assert not queue.holds("a")
+    queue.schedule("a", 9.0)
+    assert queue.holds("a")
+    (job,) = queue.take(["a"], due_by=9.0)
+    assert queue.holds("a")
+    queue.finish(job)
+    assert not queue.holds("a")
