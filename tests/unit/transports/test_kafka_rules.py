@@ -32,8 +32,8 @@ def test_ordering_critical_settings_are_fixed() -> None:
     assert config["message.timeout.ms"] == DEFAULT_MESSAGE_TIMEOUT_MS
 
 
-def test_linger_defaults_to_one_millisecond_unless_set() -> None:
-    assert check_config(BASE, None)["linger.ms"] == 1
+def test_linger_defaults_to_none_unless_set() -> None:
+    assert check_config(BASE, None)["linger.ms"] == 0
     assert check_config({**BASE, "linger.ms": 20}, None)["linger.ms"] == 20
     kept = check_config({**BASE, "queue.buffering.max.ms": 7}, None)
     assert kept["queue.buffering.max.ms"] == 7 and "linger.ms" not in kept
