@@ -202,11 +202,11 @@ class StoreRuntime:
         # Batches of _send_group still waiting for their connection (_spread counts them).
         self._connecting = 0
         self.linger = store.wake_linger.total_seconds()
-        # The open wake_linger window (relayer.worker's _wake_window): when it ends, and the
-        # lane woken first in it (its opener) if that lane's scan was scheduled at once, so
-        # that the dispatch pass and its claim run while the window is open. The lanes woken
-        # later in it (joining) are then served in the opener's batch: gathered once the
-        # window ends, taken from the queue by the opener's batch (_widen).
+        # The open wake_linger window (_wake_window): when it ends, and the lane woken first
+        # in it (its opener) if that lane's scan was scheduled at once, so that the dispatch
+        # pass and its claim run while the window is open. The lanes woken later in it
+        # (joining) are then served in the opener's batch: gathered once the window ends,
+        # taken from the queue by the opener's batch (_widen).
         self._window_ends = float("-inf")
         self._window_opener: int | None = None
         self._openers: dict[int, float] = {}  # lane -> the end of the window it opened
@@ -612,8 +612,6 @@ class StoreRuntime:
             jobs = self.queue.take(gathered[:room], now + self.linger)
             taken = self._due_jobs(jobs)
             room -= len(taken)
-            if room <= 0:
-                return taken
         # At most half of the lanes still due: the rest start batches of their own beside
         # this one (a backlog held by a few lanes with many rows is drained by transactions
         # side by side, not by one wide one that leaves the other connections idle).
