@@ -55,6 +55,7 @@ from relayer.relay import (
     Prober,
     Scan,
     ScanResult,
+    WakeWindow,
 )
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store import LaneHead, RelayStore
@@ -201,17 +202,8 @@ class StoreRuntime:
         self._wake_fully = False  # a wake-up other than the fallback poll is waiting
         # Batches of _send_group still waiting for their connection (_spread counts them).
         self._connecting = 0
-        self.linger = store.wake_linger.total_seconds()
-        # The open wake_linger window (_wake_window): when it ends, and the lane woken first
-        # in it (its opener) if that lane's scan was scheduled at once, so that the dispatch
-        # pass and its claim run while the window is open. The lanes woken later in it
-        # (joining) are then served in the opener's batch: gathered once the window ends,
-        # taken from the queue by the opener's batch (_widen).
-        self._window_ends = float("-inf")
-        self._window_opener: int | None = None
-        self._openers: dict[int, float] = {}  # lane -> the end of the window it opened
-        self._joining: set[int] = set()
-        self._gathered: set[int] = set()
+        # Lanes that writers' notifications wake within one wake_linger share a batch.
+        self.window = WakeWindow(store.wake_linger.total_seconds())
         # Consecutive polls that found no row: while LISTEN wakes the store, an idle store's
         # fallback poll waits twice as long after each (idle_poll_wait).
         self._idle_polls = 0
@@ -229,7 +221,7 @@ class StoreRuntime:
 
     def _lanes_changed(self, lanes: frozenset[int]) -> None:
         self._idle_polls = 0
-        self._openers = {lane: ends for lane, ends in self._openers.items() if lane in lanes}
+        self.window.keep(lanes)
         self.maintenance.lanes_changed()  # the cleanup runs where its lane is
         for lane in range(self.store.lanes):
             if lane not in lanes:
@@ -249,48 +241,15 @@ class StoreRuntime:
         if lane in self.membership.lanes:
             # Skip the probe: a row was just committed in this lane.
             self._due.add(lane)
-            self._schedule(lane, self._wake_window(lane, self.now()))
+            self._schedule(lane, self.window.wake(lane, self.now(), lead=self._free))
 
     def _notified(self, payload: str) -> None:
         self.woken(payload)  # looked up on each notification: tests wrap it on a running worker
 
-    def _wake_window(self, lane: int, now: float) -> float:
-        """When ``lane``, woken now, is due: every lane woken within one wake_linger window is
-        sent in one batch transaction at its end (at a steady rate of single-row transactions,
-        a batch per row would cost far more than the rows).
-
-        The lane that opens a window is due at once when nothing else waits for it (no scan
-        waiting or running, no outage hold): its dispatch pass and claim run while the window
-        is open, and its scan waits for the window's end (``_scan``), so the claim's round
-        trip is not added to the latency. The lanes woken later in the window join it: due a
-        linger after its end, they are gathered when it ends and the opener's batch takes them
-        from the queue (``_widen``), riding on the slot it was granted, as a widened batch's
-        lanes do. If the opener is late or refused (a paused store, no free slot), they are
-        scanned on their own when they come due. A window without such an opener is served
-        at its end, every lane due then."""
-        if now >= self._window_ends:
-            self._gather()  # the window that ended: its joiners go in the next batch
-            self._window_ends = now + self.linger
-            if self.linger > 0 and lane not in self._held and not self.queue.holds(lane):
-                self._window_opener = lane
-                self._openers[lane] = self._window_ends
-                return now
-            self._window_opener = None
-            return self._window_ends
-        return self._join(lane)
-
-    def _join(self, lane: int) -> float:
-        """When ``lane``, woken inside the open window, is due (``_wake_window``)."""
-        if self._window_opener is None or lane == self._window_opener:
-            return self._window_ends
-        self._joining.add(lane)
-        return self._window_ends + self.linger
-
-    def _gather(self) -> None:
-        """The open window's joiners are for the next batch (its end has come)."""
-        if self._joining:
-            self._gathered |= self._joining
-            self._joining = set()
+    def _free(self, lane: int) -> bool:
+        """Nothing waits for ``lane``: no scan of it is waiting or running, no outage holds it
+        (a lane woken now may then lead a wake_linger window: WakeWindow)."""
+        return lane not in self._held and not self.queue.holds(lane)
 
     def wake_all(self, *, fallback: bool = False) -> None:
         """Probe every owned lane in one query and scan the lanes whose head is due, now (on an
@@ -343,12 +302,13 @@ class StoreRuntime:
         # Lanes found due while a wake_linger window is open join it: they go in the batch
         # of the lanes notified within it (a poll that fell inside the window would otherwise
         # start batches of its own a few milliseconds earlier).
-        joining = now < self._window_ends
+        window = self.window
+        joining = window.is_open(now)
         for head in heads:
             decided = self.relay.after_probe(head)
             if decided is None:
                 self._due.add(head.lane)
-                self._schedule(head.lane, self._join(head.lane) if joining else now)
+                self._schedule(head.lane, window.join(head.lane) if joining else now)
             elif decided.scan in (Scan.FUTURE, Scan.BUSY):
                 self._schedule(head.lane, now + decided.next_in)
 
@@ -477,15 +437,14 @@ class StoreRuntime:
             self.queue.schedule(lane, now + result.next_in)
 
     async def _scan(self, lane: int) -> ScanResult:
-        ends = self._openers.pop(lane, None)
+        ends = self.window.opened_by(lane)
         if ends is not None:
             # This lane opened a wake_linger window: its batch goes at the window's end, with
-            # the lanes woken meanwhile (_wake_window).
+            # the lanes woken meanwhile (WakeWindow).
             wait = ends - self.now()
             if wait > 0:
                 await asyncio.sleep(wait)
-            if ends == self._window_ends:
-                self._gather()
+            self.window.waited(ends)
         if lane in self._due:
             self._due.discard(lane)
         else:
@@ -590,7 +549,7 @@ class StoreRuntime:
         WIDE_BATCH_LANES lanes in all, taken from the queue for the batch of ``lanes``. Due
         jobs wait in the queue only while every slot is busy: under a light load a batch is
         not widened, except by the lanes of a wake_linger window that has ended
-        (``_wake_window``): every one of them that waits goes in the first batch after it.
+        (WakeWindow): every one of them that waits goes in the first batch after it.
 
         They ride on the slot of the batch's own scans: the dispatch layer granted that slot
         for one batch transaction (a store's concurrency limit counts batches in flight), and
@@ -604,12 +563,11 @@ class StoreRuntime:
             return []
         now = self.now()
         taken: list[Job[int]] = []
-        if self._gathered:
-            # Lanes woken within a wake_linger window that has ended (_wake_window): all of
-            # them that wait, whatever else is due.
-            gathered = sorted(self._gathered - set(lanes))
-            self._gathered = set()
-            jobs = self.queue.take(gathered[:room], now + self.linger)
+        gathered = self.window.take_gathered(lanes)
+        if gathered:
+            # Lanes woken within a wake_linger window that has ended (WakeWindow): all of them
+            # that wait, whatever else is due.
+            jobs = self.queue.take(gathered[:room], now + self.window.linger)
             taken = self._due_jobs(jobs)
             room -= len(taken)
         # At most half of the lanes still due: the rest start batches of their own beside

@@ -1,7 +1,8 @@
 """The relay step: the ordered protocol of docs/protocol.md, one module per step.
 
 - ``scanning``: which owned lanes have a due head (read-only probes);
-- ``coalescing``: lanes asked for in the same event-loop turn are served together;
+- ``coalescing``: lanes asked for in the same event-loop turn are served together, and lanes
+  woken within one ``wake_linger`` share a batch;
 - ``batch``: the lane batch (lock, read, send, fenced outcomes, commit);
 - ``pipeline``: the send pipeline of one batch (per-row outcomes, per-key order).
 """
@@ -14,7 +15,7 @@ from relayer.relay.batch import (
     Scan,
     ScanResult,
 )
-from relayer.relay.coalescing import Coalescer
+from relayer.relay.coalescing import Coalescer, WakeWindow
 from relayer.relay.pipeline import BatchSender, SendReport, send_batch
 from relayer.relay.scanning import Prober
 
@@ -29,5 +30,6 @@ __all__ = [
     "Scan",
     "ScanResult",
     "SendReport",
+    "WakeWindow",
     "send_batch",
 ]
