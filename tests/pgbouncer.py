@@ -98,7 +98,7 @@ class PgBouncer:
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         try:
-            wait_for_port(self.port, 15, self.process)  # type: ignore[arg-type]
+            wait_for_port(self.port, 15, self.process)
         except Exception as exc:
             self.stop()
             raise RuntimeError(f"pgbouncer did not start: {exc}: {self.log()[-2000:]}") from exc
