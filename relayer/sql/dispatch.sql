@@ -9,6 +9,8 @@
 -- it reads no table (the calling statement passes the pause flags and limits).
 
 -- name: queue_claim
+-- Lock keys, positions and slot numbers come as comma-separated text: a string binds and
+-- parses far cheaper than an integer array (a claim per batch transaction at a steady rate).
 WITH requested AS (
     SELECT u.ordinal, coalesce(q.paused, false) AS paused, q.concurrency_limit
     FROM pg_catalog.unnest(%(queues)s::text[]) WITH ORDINALITY AS u(queue, ordinal)
@@ -19,13 +21,13 @@ FROM {claim_slots}(
     (SELECT coalesce(pg_catalog.bool_or(a.paused), false) FROM {queues} a WHERE a.queue = '*'),
     ARRAY(SELECT r.paused FROM requested r ORDER BY r.ordinal),
     ARRAY(SELECT r.concurrency_limit FROM requested r ORDER BY r.ordinal),
-    %(keys)s::integer[],
-    %(wanted)s::integer[],
+    pg_catalog.string_to_array(%(keys)s, ',')::integer[],
+    pg_catalog.string_to_array(%(wanted)s, ',')::integer[],
     %(budget)s::integer,
-    %(held_keys)s::integer[],
-    %(held_slots)s::integer[],
-    %(release_keys)s::integer[],
-    %(release_slots)s::integer[]
+    pg_catalog.string_to_array(%(held_keys)s, ',')::integer[],
+    pg_catalog.string_to_array(%(held_slots)s, ',')::integer[],
+    pg_catalog.string_to_array(%(release_keys)s, ',')::integer[],
+    pg_catalog.string_to_array(%(release_slots)s, ',')::integer[]
 ) AS c
 
 -- name: queue_unlock_slots
