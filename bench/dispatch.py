@@ -6,7 +6,10 @@ Prints (1) how many slot decisions per second the pure planner makes (plan + cha
 Weighted 6:3:1, Strict and MaxLen, in passes of 20 free slots and of 1; (2) jobs/s through a
 whole in-memory WorkerGroup with empty handlers; (3) claims/s and passes (round trips)/s of
 PostgresClusterState for queues without a limit (pause check only) and with a limit (advisory
-slot locks taken, and released in the next pass), from 1 and from 4 dispatcher connections.
+slot locks taken, and released in the next pass), from 1 and from 4 dispatcher connections;
+(4) the CPU of the claim a relay batch transaction makes at a steady rate (one queue, one slot):
+this process's and the dispatcher session's, in µs a claim (the session's only when PostgreSQL
+runs on this machine).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` imp
 import psycopg
 
 from bench.common import machine, postgres, scratch_schema, server_version
+from bench.cpu import is_local_postgres, process_seconds
 from relayer import schema
 from relayer.dispatch import (
     ClaimRequest,
@@ -105,6 +109,41 @@ async def claim_rate(
     return claims / elapsed, passes / elapsed
 
 
+async def claim_cost(store: StoreSettings, seconds: float) -> tuple[int, float, float | None]:
+    """(claims, client µs a claim, dispatcher session µs a claim or None) for claims of one
+    slot of one queue without a limit, one after another: the pass a relay batch transaction
+    makes at a steady rate."""
+    request = ClaimRequest(("a",), (0,), 1)
+    async with PostgresClusterState(store) as state:
+        await state.acquire(request)  # warm up: connection, schema check, function
+        async with await psycopg.AsyncConnection.connect(
+            store.require_dsn(), autocommit=True
+        ) as conn:
+            cursor = await conn.execute(
+                "SELECT pid FROM pg_catalog.pg_stat_activity "
+                "WHERE application_name LIKE 'relayer:%%' "
+                "AND pg_catalog.strpos(application_name, %s) > 0 "
+                "AND pg_catalog.strpos(application_name, ':dispatcher') > 0 "
+                "ORDER BY backend_start DESC LIMIT 1",
+                (f":{store.name}",),
+            )
+            row = await cursor.fetchone()
+        pid = int(row[0]) if row is not None and is_local_postgres(int(row[0])) else None
+        claims = 0
+        server_before = process_seconds(pid) if pid is not None else 0.0
+        client_before = time.process_time()
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            result = await state.acquire(request)
+            claims += 1
+            for grant in result.grants:
+                state.release(grant.slot)
+        client = time.process_time() - client_before
+        server = process_seconds(pid) - server_before if pid is not None else None
+    per = 1e6 / max(claims, 1)
+    return claims, client * per, None if server is None else server * per
+
+
 async def database_figures(dsn: str, schema_name: str, seconds: float) -> None:
     store = store_settings(name="bench", dsn=dsn, schema=schema_name, table_prefix="d_")
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -122,6 +161,12 @@ async def database_figures(dsn: str, schema_name: str, seconds: float) -> None:
                 f"PostgresClusterState, 3 queues, {label}, {connections} connection(s): "
                 f"{claims:,.0f} claims/s in {passes:,.0f} passes/s (one round trip each)"
             )
+    claims, client, server = await claim_cost(store, max(seconds, 2.0))
+    session = "not on this machine" if server is None else f"{server:.0f} µs"
+    print(
+        f"one claim of one slot (a relay batch transaction's, at a steady rate), {claims:,} "
+        f"claims: this process {client:.0f} µs a claim, the dispatcher session {session}"
+    )
 
 
 def main() -> None:
