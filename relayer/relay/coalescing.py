@@ -91,7 +91,7 @@ class WakeWindow:
     due, so that the lanes woken within one linger share a batch transaction (at a steady rate
     of single-row transactions, a batch per row would cost far more than the rows).
 
-    The lane that opens a window (``open``) is due at once when nothing else waits for it (no
+    The lane that opens a window (``wake``) is due at once when nothing else waits for it (no
     scan waiting or running, no outage hold: ``lead``): its dispatch pass and the gate's claim
     run while the window is open, and its scan waits for the window's end (``opened_by``,
     ``waited``), so the claim's round trip is not added to the latency. The lanes woken later
