@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -253,13 +252,13 @@ class PostgresClusterState:
             held = sorted(self._held)
             params = {
                 "queues": list(request.queues),
-                "keys": _listed(keys),
-                "wanted": _listed(index + 1 for index in request.order),
+                "keys": wire.text_list(keys),
+                "wanted": wire.text_list(index + 1 for index in request.order),
                 "budget": request.budget,
-                "held_keys": _listed(pair[0] for pair in held),
-                "held_slots": _listed(pair[1] for pair in held),
-                "release_keys": _listed(pair[0] for pair in releases),
-                "release_slots": _listed(pair[1] for pair in releases),
+                "held_keys": wire.text_list(pair[0] for pair in held),
+                "held_slots": wire.text_list(pair[1] for pair in held),
+                "release_keys": wire.text_list(pair[0] for pair in releases),
+                "release_slots": wire.text_list(pair[1] for pair in releases),
             }
             try:
                 rows = await self._claim(conn, params)
@@ -430,8 +429,3 @@ class PostgresClusterState:
         result: ClaimResult = task.result()
         for grant in result.grants:
             self.release(grant.slot)
-
-
-def _listed(numbers: Iterable[int]) -> str:
-    """Integers as the claim statement takes them: comma-separated text ("" for none)."""
-    return ",".join(map(str, numbers))

@@ -162,7 +162,7 @@ class RelayStore:
     async def probe(self, conn: Connection, lanes: Sequence[int]) -> list[LaneHead]:
         """Each of ``lanes``' head."""
         with translated(self.store, "probe lanes"):
-            cursor = await conn.execute(self.queries["probe"], {"lanes": _text_list(lanes)})
+            cursor = await conn.execute(self.queries["probe"], {"lanes": wire.text_list(lanes)})
             return _heads(await cursor.fetchall())
 
     async def probe_share(
@@ -207,7 +207,7 @@ class RelayStore:
         live member, is left out. Must run inside a transaction on ``conn``.
         """
         params = {
-            "lanes": _text_list(lanes),
+            "lanes": wire.text_list(lanes),
             "member": member,
             "token": token,
             "lease": self.lease,
@@ -273,11 +273,11 @@ class RelayStore:
         """
         lanes = sorted(tokens)
         params = {
-            "lanes": _text_list(lanes),
+            "lanes": wire.text_list(lanes),
             "lane_count": len(lanes),
             "tokens": ",".join([str(tokens[lane]) for lane in lanes]),
             "member": member,
-            "acked_lanes": _text_list(acked_lanes),
+            "acked_lanes": wire.text_list(acked_lanes),
             "acked": ",".join(acked),
             "failures": json.dumps(
                 [
@@ -368,12 +368,6 @@ async def holds_rows(conn: Connection, stores: Sequence[RelayStore]) -> list[boo
 
 def _beat(rows: Sequence[Sequence[Any]]) -> tuple[list[str], int]:
     return [str(row[0]) for row in rows], int(rows[0][1]) if rows else 0
-
-
-def _text_list(numbers: Sequence[int]) -> str:
-    """Integers as the comma-separated text the statements split (string_to_array): one text
-    parameter binds far faster than an array parameter."""
-    return ",".join(map(str, numbers))
 
 
 def lane_bits(lanes: Collection[int]) -> bytes:
