@@ -143,12 +143,12 @@ class RoutedClusterState:
             for offset, index in enumerate(chunk):
                 asked.setdefault(group_of[index], []).append(cursor + offset)
             cursor += len(chunk)
-            parts = await asyncio.gather(
-                *(
-                    self._ask(*groups[group], positions, request)
-                    for group, positions in asked.items()
-                )
-            )
+            asking = [
+                self._ask(*groups[group], positions, request) for group, positions in asked.items()
+            ]
+            # One gate (the usual case: one store) is awaited directly; gather would wrap
+            # it in a task and a future, two more turns of the event loop for each claim.
+            parts = [await asking[0]] if len(asking) == 1 else await asyncio.gather(*asking)
             for part_grants, part_gates in parts:
                 grants.extend(part_grants)
                 for index, gate_state in part_gates.items():

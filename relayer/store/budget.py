@@ -230,8 +230,14 @@ class BatchPool:
         except DRIVER_ERRORS as exc:
             raise store_error(store, doing, exc) from exc
         finally:
-            # Shielded: a cancelled batch must not lose the connection or its unit.
-            await asyncio.shield(self._put(conn))
+            if self._reusable(conn):
+                # The usual case (committed, nothing to roll back) is settled at once: no task
+                # for a shield, no turn of the event loop.
+                if not self.budget._returned(self, conn):
+                    await asyncio.shield(self.discard(conn))
+            else:
+                # Shielded: a cancelled batch must not lose the connection or its unit.
+                await asyncio.shield(self._put(conn))
 
     def available(self) -> int:
         """How many transactions could have a connection now without waiting: this pool's
@@ -330,6 +336,16 @@ class BatchPool:
             return
         if not self.budget._returned(self, conn):
             await self.discard(conn)
+
+    def _reusable(self, conn: Connection) -> bool:
+        """``conn`` can go back as it is: the pool is open, the connection is sound, not past
+        its lifetime and not in a transaction (what ``_put`` would otherwise settle)."""
+        return (
+            not self.closed
+            and not is_broken(conn)
+            and not self._expired(conn)
+            and conn.info.transaction_status == TransactionStatus.IDLE
+        )
 
     def _expired(self, conn: Connection) -> bool:
         return time.monotonic() - self._created.get(id(conn), 0.0) > MAX_LIFETIME
