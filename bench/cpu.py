@@ -55,6 +55,34 @@ def threads(pid: int) -> dict[int, tuple[str, float]]:
     return found
 
 
+def _fixed_work() -> int:
+    """The same few tens of microseconds of interpreter work each time (dict and str)."""
+    table = {number: str(number) for number in range(200)}
+    return sum(len(text) for text in table.values())
+
+
+def cold_work(gaps: Iterable[float], *, repeats: int = 400) -> dict[float, float]:
+    """This thread's CPU µs for one piece of fixed work (the median of ``repeats``), run after
+    sleeping each of ``gaps`` seconds (0: back to back). On a virtual machine whose cores idle
+    between bursts, the same work costs several times more after a sleep of a few
+    milliseconds (caches, frequency, the vCPU's wake-up): a relay at a steady rate waits between
+    every step, a drain does not."""
+    result: dict[float, float] = {}
+    for _ in range(50):  # warm up: the first calls cost more on any machine
+        _fixed_work()
+    for gap in gaps:
+        costs = []
+        for _ in range(repeats):
+            if gap:
+                time.sleep(gap)
+            before = time.thread_time()
+            _fixed_work()
+            costs.append(time.thread_time() - before)
+        costs.sort()
+        result[gap] = costs[len(costs) // 2] * 1e6
+    return result
+
+
 def process_seconds(pid: int) -> float:
     """CPU seconds of a whole process (``utime + stime``, exited threads included), in ticks."""
     try:

@@ -35,7 +35,7 @@ from psycopg import sql
 from bench.cpu import is_local_postgres, thread_seconds
 from bench.latency import AckClock
 from bench.transport_bare import messages
-from relayer.transports.base import BatchPublisher, OutgoingMessage, PerMessage, Transport
+from relayer.transports.base import OutgoingMessage, PerMessage, Transport
 
 KEYS = 10_000
 # The steady writer: processes (so that a busy machine's scheduler gives it enough CPU) and
@@ -250,7 +250,7 @@ class SampledAckClock(AckClock):
         admitting: Callable[[], bool],
     ) -> int:
         """The relay's batch path: the acknowledgement of every ``every``-th row is timed."""
-        if not isinstance(self.inner, BatchPublisher):  # through publish(), sampled there
+        if not self.batches:  # through publish(), sampled there
             return await PerMessage(self).publish_batch(batch, indexes, settle, admitting)
         every = self.every
         first = -self.seen % every  # the position in indexes of the next sampled row

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from bench.common import scratch_schema
-from bench.cpu import Meter, Window
+from bench.cpu import Meter, Window, cold_work
 from bench.efficiency_children import BARE_ACK_EVERY, WRITER_CONNECTIONS, WRITER_PROCESSES
 from bench.efficiency_processes import (
     CHILDREN,
@@ -147,6 +147,23 @@ async def steady(environment: Environment, transport: str) -> None:
     if transport == "kafka":
         await steady_floor(run)
         await steady_bare_kafka(environment)
+    print_cold_work()
+
+
+COLD_GAPS = (0.0, 0.001, 0.005)
+
+
+def print_cold_work() -> None:
+    """How much more the same work costs on this machine after a sleep (bench.cpu.cold_work):
+    the steady mode's figures include that, a drain's do not."""
+    hot, after_1ms, after_5ms = (cold_work(COLD_GAPS)[gap] for gap in COLD_GAPS)
+    print(
+        f"- the same piece of interpreter work costs {hot:.1f} µs of CPU back to back, "
+        f"{after_1ms:.1f} after a 1 ms sleep and {after_5ms:.1f} after a 5 ms sleep on this "
+        f"machine ({after_1ms / hot:.1f}x and {after_5ms / hot:.1f}x; nothing else of the "
+        "benchmark running): code that waits between steps, as every process here does at a "
+        "steady rate, pays that on every step; a drain runs back to back"
+    )
 
 
 class FloorProcess:

@@ -52,6 +52,9 @@ class AckClock:
     def __init__(self, inner: Transport) -> None:
         self.inner = inner
         self.acked: dict[str, float] = {}
+        # Asked once: the runtime protocol check costs several µs a batch, which the worker
+        # itself does not pay (relayer.relay.pipeline.publisher_of).
+        self.batches = isinstance(inner, BatchPublisher)
 
     @property
     def name(self) -> str:
@@ -87,7 +90,7 @@ class AckClock:
     ) -> int:
         """The relay's batch path (without it the relay would publish through ``publish``, a
         future per message, and this would time a path the relay does not take)."""
-        if not isinstance(self.inner, BatchPublisher):
+        if not self.batches:
             return await PerMessage(self).publish_batch(batch, indexes, settle, admitting)
         ids, acked = batch.ids, self.acked
 

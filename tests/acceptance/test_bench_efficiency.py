@@ -64,6 +64,10 @@ def test_efficiency_prints_the_table_and_the_steady_figures(pg_dsn: str) -> None
     assert re.search(r"- memory: [\d.]+ µs/msg .*relayer spends [\d.]+", output), output
     assert "| **total (worker + its sessions + broker)** |" in output
     assert re.search(r"commit-to-ack \([\d,]+ samples after the warm-up\): p50 [\d.]+ ms", output)
+    assert re.search(
+        r"work costs [\d.]+ µs of CPU back to back, [\d.]+ after a 1 ms sleep and [\d.]+ after",
+        output,
+    ), output
 
 
 def test_efficiency_rejects_an_out_of_range_option() -> None:

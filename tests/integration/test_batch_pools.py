@@ -133,6 +133,61 @@ async def test_a_connection_left_in_a_transaction_is_rolled_back_and_reused(pg_d
             assert conn.info.transaction_status.name == "IDLE"
 
 
+async def test_a_connection_returned_idle_goes_to_a_waiter_of_its_pool_as_it_is(
+    pg_dsn: str,
+) -> None:
+    budget = ConnectionBudget(1)
+    first, second = pools(make_store(pg_dsn), budget)
+    async with closing(first, second):
+        async with first.connection() as conn:
+            await conn.execute("SELECT 1")
+            await conn.commit()  # idle again: it goes back without a rollback
+            waiting = asyncio.create_task(first._get(first.store, "test", 5.0))
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+        assert await asyncio.wait_for(waiting, 5) is conn
+        assert (first.opened, len(first.idle), budget.batch) == (1, 0, 1)
+        await first._put(conn)
+        assert len(first.idle) == 1 and budget.highest == 1
+
+
+async def test_a_cancelled_block_returns_its_idle_connection_and_keeps_the_unit(
+    pg_dsn: str,
+) -> None:
+    budget = ConnectionBudget(1)
+    first, second = pools(make_store(pg_dsn), budget)
+    entered = asyncio.Event()
+
+    async def batch() -> None:
+        async with first.connection() as conn:
+            await conn.execute("SELECT 1")
+            await conn.commit()
+            entered.set()
+            await asyncio.sleep(60)
+
+    async with closing(first, second):
+        task = asyncio.create_task(batch())
+        await asyncio.wait_for(entered.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (first.opened, len(first.idle), budget.batch) == (1, 1, 1)
+        async with second.connection() as other:  # the unit is handed on, not lost
+            await other.execute("SELECT 1")
+        assert (first.opened, second.opened, budget.batch) == (0, 1, 1)
+
+
+async def test_an_idle_connection_returned_to_a_closed_pool_is_closed(pg_dsn: str) -> None:
+    budget = ConnectionBudget(1)
+    first, second = pools(make_store(pg_dsn), budget)
+    async with closing(first, second):
+        async with first.connection() as conn:
+            await conn.commit()
+            await first.close()  # the pool's last store left while the batch ran
+        assert conn.closed
+        assert (first.opened, len(first.idle), budget.batch) == (0, 0, 0)
+
+
 async def test_idle_connections_are_closed_after_max_idle(pg_dsn: str) -> None:
     budget = ConnectionBudget(4)
     first, second = pools(make_store(pg_dsn), budget, max_idle=0.1)
