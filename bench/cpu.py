@@ -68,7 +68,8 @@ def cold_work(gaps: Iterable[float], *, repeats: int = 400) -> dict[float, float
     milliseconds (caches, frequency, the vCPU's wake-up): a relay at a steady rate waits between
     every step, a drain does not."""
     result: dict[float, float] = {}
-    for _ in range(50):  # warm up: the first calls cost more on any machine
+    warm_until = time.thread_time() + 0.3  # warm up: a core that was idle starts slow
+    while time.thread_time() < warm_until:
         _fixed_work()
     for gap in gaps:
         costs = []

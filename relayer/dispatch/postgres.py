@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any
 
@@ -251,7 +252,7 @@ class PostgresClusterState:
             releases, self._pending = self._pending, []
             held = sorted(self._held)
             params = {
-                "queues": list(request.queues),
+                "queues": json.dumps(request.queues),
                 "keys": wire.text_list(keys),
                 "wanted": wire.text_list(index + 1 for index in request.order),
                 "budget": request.budget,

@@ -9,11 +9,12 @@
 -- it reads no table (the calling statement passes the pause flags and limits).
 
 -- name: queue_claim
--- Lock keys, positions and slot numbers come as comma-separated text: a string binds and
--- parses far cheaper than an integer array (a claim per batch transaction at a steady rate).
+-- Lock keys, positions and slot numbers come as comma-separated text, the queue names as a
+-- JSON array of strings (any name survives it): a string binds and parses far cheaper than an
+-- array parameter (a claim per batch transaction at a steady rate).
 WITH requested AS (
     SELECT u.ordinal, coalesce(q.paused, false) AS paused, q.concurrency_limit
-    FROM pg_catalog.unnest(%(queues)s::text[]) WITH ORDINALITY AS u(queue, ordinal)
+    FROM pg_catalog.json_array_elements_text(%(queues)s::json) WITH ORDINALITY AS u(queue, ordinal)
     LEFT JOIN {queues} q ON q.queue = u.queue
 )
 SELECT c.wanted_position, c.queue_position, c.granted_slot, c.queue_state, c.queue_limit

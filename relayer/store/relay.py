@@ -289,7 +289,9 @@ class RelayStore:
                     }
                     for failure in failures
                 ]
-            ),
+            )
+            if failures
+            else "[]",
             "max_attempts": self.store.max_attempts,
             "backoff": self.store.retry_backoff,
             "backoff_max": self.store.retry_backoff_max,

@@ -150,6 +150,27 @@ async def test_pause_stops_the_next_claim_of_another_connection(
     assert (q.queue, q.paused, q.changed_at is not None) == ("q", False, True)
 
 
+async def test_queue_names_reach_the_claim_as_they_are(
+    store: StoreSettings, gated: StoreSettings
+) -> None:
+    # The claim binds the names as one JSON text: commas, quotes, braces, backslashes and
+    # non-ASCII letters must neither split a name nor change it.
+    odd = ["a,b", 'say "hi"', "{x}", "back\\slash", "zürich", "NULL", ""]
+    admin = await control(store)
+    await admin.pause("a,b")
+    await admin.set_limit("zürich", 1)
+    async with PostgresClusterState(gated) as state:
+        result = await state.acquire(request(*odd, budget=1))
+        states = [gate.state for gate in result.gates]
+        assert states[0] is GateState.PAUSED
+        assert states[1:] == [GateState.OPEN] * (len(odd) - 1)
+        result = await state.acquire(request("a", "b", "zürich", budget=2))
+        assert [grant.queue_index for grant in result.grants] == [0, 0]  # "a" is not paused
+        [limited] = (await state.acquire(request("zürich"))).grants
+        assert limited.slot.number == 0
+        assert await slots_in_use(store, "zürich") == 1
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 2.5, "3", 2**31, 2**63])
 async def test_a_bad_limit_is_rejected_with_a_clear_message(
     store: StoreSettings, bad: object
