@@ -2,7 +2,7 @@
 
     python bench/efficiency.py [--rows 100000] [--transport kafka,rabbitmq,memory] [--rounds 1]
                                [--no-steady] [--no-drains] [--steady-seconds 30]
-                               [--steady-rate 1000]
+                               [--steady-rate 1000] [--instructions]
                                [--lanes 65536]
 
 Contenders, measured in one run against the same PostgreSQL and brokers:
@@ -30,8 +30,11 @@ CPU per message over the window after a warm-up (worker, its sessions, broker; t
 its sessions apart) and commit-to-ack p50/p99. To Kafka it then runs the least relay under the
 same writers at the same rate (one blocking loop: LISTEN, lock the lanes named, read, produce,
 wait for the deliveries, delete, commit), whose CPU per message and commit-to-ack are what the
-machine allows at that rate, and the bare producer at that rate. --lanes 65536 adds a drain
-with that many lanes and an idle worker owning them. Prints figures; asserts nothing.
+machine allows at that rate, and the bare producer at that rate. --instructions runs the worker
+and the least relay under valgrind's callgrind and prints the instructions each executes a row
+(a figure that repeats within about 1% where CPU seconds move 2x; keep the rate low, e.g. 20).
+--lanes 65536 adds a drain with that many lanes and an idle worker owning them. Prints
+figures; asserts nothing.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ import psycopg
 from bench.common import machine, postgres, scratch_schema, server_version
 from bench.cpu import Meter, Window
 from bench.efficiency_processes import (
+    Callgrind,
     Child,
     Environment,
     backends_of,
@@ -556,6 +560,13 @@ def main() -> None:
     )
     parser.add_argument("--steady-rate", type=bounded(float, 1), default=1000.0)
     parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="steady mode: run the worker and the least relay under valgrind's callgrind and "
+        "print the instructions each executes a row (repeatable where CPU seconds are not; "
+        "about 50x slower: use a low --steady-rate, e.g. 20)",
+    )
+    parser.add_argument(
         "--store-option",
         dest="store_options",
         type=store_option,
@@ -567,6 +578,8 @@ def main() -> None:
     parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
     parser.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
     arguments = parser.parse_args()
+    if arguments.instructions and (missing := Callgrind.missing()):
+        parser.error(f"--instructions needs {' and '.join(missing)} on PATH (valgrind's package)")
     arguments.lanes = [
         DEFAULT_LANES,
         *(lanes for lanes in arguments.lanes if lanes != DEFAULT_LANES),

@@ -20,6 +20,7 @@ from bench.cpu import Meter, Window, cold_work
 from bench.efficiency_children import BARE_ACK_EVERY, WRITER_CONNECTIONS, WRITER_PROCESSES
 from bench.efficiency_processes import (
     CHILDREN,
+    Callgrind,
     Child,
     Environment,
     WorkerProcess,
@@ -49,6 +50,15 @@ class Steady:
         arguments = environment.arguments
         self.rate, self.seconds = arguments.steady_rate, arguments.steady_seconds
         self.warm_up = min(WARM_UP, self.seconds / 3)
+        # --instructions: the relays run under callgrind; their instructions a row, by name.
+        self.instructions = bool(getattr(arguments, "instructions", False))
+        self.per_row: dict[str, float] = {}
+
+    def counter(self, folder: str, name: str) -> Callgrind | None:
+        return Callgrind(folder, name) if self.instructions else None
+
+    def start_within(self) -> float:
+        return 600.0 if self.instructions else 60.0
 
     async def run(
         self,
@@ -58,9 +68,11 @@ class Steady:
         target: str,
         relay: Any,
         backends: Callable[[], Awaitable[list[int]]],
-    ) -> tuple[Window, float, float, dict[str, float]]:
+        counter: Callgrind | None = None,
+    ) -> tuple[Window, float, float, dict[str, float], int | None]:
         """Write at the steady rate while ``relay`` (a process with ``pid`` and ``check()``)
-        relays; the meter's window, when it opened and closed, and every row's commit time."""
+        relays; the meter's window, when it opened and closed, every row's commit time, and
+        the relay's instructions in the window if ``counter`` counts them."""
         environment = self.environment
         await asyncio.sleep(1)  # membership settled, lanes scheduled
         writers = [
@@ -97,10 +109,13 @@ class Steady:
             split={"worker"},
         )
         await meter.start()
+        if counter is not None:
+            await counter.begin(relay.pid)
         opened = time.time()
         await asyncio.sleep(self.seconds - self.warm_up - 0.5)  # closes before the writers stop
         window = await meter.stop()
         closed = time.time()
+        counted = None if counter is None else await counter.end(relay.pid)
         for writer in writers:
             await writer.result()
         async with await psycopg.AsyncConnection.connect(
@@ -110,7 +125,7 @@ class Steady:
         committed: dict[str, float] = {}
         for number in range(WRITER_PROCESSES):
             committed.update(json.loads((Path(folder) / f"committed-{number}.json").read_text()))
-        return window, opened, closed, committed
+        return window, opened, closed, committed, counted
 
 
 async def steady(environment: Environment, transport: str) -> None:
@@ -132,18 +147,33 @@ async def steady(environment: Environment, transport: str) -> None:
             "every": ACK_SAMPLE,
         }
         command = [sys.executable, str(CHILDREN), "worker", json.dumps(worker_options)]
+        counter = run.counter(folder, "worker")
+        if counter is not None:
+            command = counter.prefix() + command
         async with (
             destination(environment, transport) as target,
             await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
-            WorkerProcess(command, folder) as worker,
+            WorkerProcess(command, folder, start_within=run.start_within()) as worker,
         ):
-            window, opened, closed, committed = await run.run(
-                store, config, folder, target, worker, backends_of(monitor, store.name)
+            window, opened, closed, committed, counted = await run.run(
+                store, config, folder, target, worker, backends_of(monitor, store.name), counter
             )
             await worker.stop()
         sampled: dict[str, Any] = json.loads(acks.read_text()) if acks.exists() else {}
     inside = sum(1 for at in committed.values() if opened <= at < closed)
     print_steady(environment, transport, window, inside, committed, sampled, opened)
+    if counted is not None:
+        run.per_row["relayer"] = counted / max(inside, 1)
+        batching = sampled.get("batching") or {}
+        rows_each = (
+            batching["sent"] / batching["transactions"] if batching.get("transactions") else 0
+        )
+        print(
+            f"- instructions (callgrind, every thread of the worker, over the window): "
+            f"{counted / max(inside, 1):,.0f} a row committed in the window ({rows_each:.1f} rows "
+            "a transaction over the run); the worker ran under callgrind, so its CPU and "
+            "latency figures above are callgrind's, not the worker's"
+        )
     if transport == "kafka":
         await steady_floor(run)
         await steady_bare_kafka(environment)
@@ -202,6 +232,7 @@ async def steady_floor(run: Steady) -> None:
         )
         config = write_config(store, options, folder, environment.arguments.store_options)
         acks = Path(folder) / "acks.json"
+        counter = run.counter(folder, "least-relay")
         async with destination(environment, "kafka") as target:
             child = Child(
                 "floor-steady",
@@ -217,6 +248,7 @@ async def steady_floor(run: Steady) -> None:
                     "every": ACK_SAMPLE,
                     "acks": str(acks),
                 },
+                prefix=() if counter is None else counter.prefix(),
             )
             backend_pids = (await child.start())["backends"]
 
@@ -225,8 +257,8 @@ async def steady_floor(run: Steady) -> None:
 
             floor = FloorProcess(child)
             await child.go()
-            window, opened, closed, committed = await run.run(
-                store, config, folder, target, floor, backends
+            window, opened, closed, committed, counted = await run.run(
+                store, config, folder, target, floor, backends, counter
             )
             await floor.stop()
         sampled: dict[str, Any] = json.loads(acks.read_text()) if acks.exists() else {}
@@ -252,6 +284,15 @@ async def steady_floor(run: Steady) -> None:
         f"linger, dispatch or fencing): CPU µs/msg {costs}, total {total:.1f}; {latency}: "
         "the least this machine allows at this rate"
     )
+    if counted is not None:
+        least = counted / messages
+        relayer = run.per_row.get("relayer")
+        ratio = f"; relayer executes {relayer / least:.2f}x as many" if relayer else ""
+        print(
+            f"- instructions of the least relay (callgrind, its process, over the window): "
+            f"{least:,.0f} a row{ratio}; it ran under callgrind, so its CPU and latency "
+            "figures above are callgrind's"
+        )
 
 
 def latencies_of(

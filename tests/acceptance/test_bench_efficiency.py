@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
+from bench.efficiency_processes import Callgrind
 from tests.acceptance.cli import environment
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "efficiency.py"
@@ -81,3 +85,57 @@ def test_efficiency_rejects_an_out_of_range_option() -> None:
     )
     assert result.returncode == 2
     assert "argument --lanes: 70000 is out of range: must be 1 to 65536" in result.stderr
+
+
+# A process that says it started, then keeps a core busy until it is killed.
+BUSY = "print('ready', flush=True)\nwhile True: sum(range(1000))"
+
+
+@pytest.fixture
+def callgrind_tools() -> None:
+    missing = Callgrind.missing()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"{', '.join(missing)} not installed (Debian's valgrind package)")
+        pytest.skip(f"{', '.join(missing)} not installed")
+
+
+@pytest.mark.usefixtures("callgrind_tools")
+async def test_callgrind_counts_a_process_instructions_in_each_window(tmp_path: Path) -> None:
+    counter = Callgrind(str(tmp_path), "busy")
+    process = await asyncio.create_subprocess_exec(
+        *counter.prefix(),
+        sys.executable,
+        "-c",
+        BUSY,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ready\n"
+        counts = []
+        for _ in range(2):
+            await counter.begin(process.pid)
+            await asyncio.sleep(0.5)
+            counts.append(await counter.end(process.pid))
+        # A busy loop executes millions of instructions in half a second, even under valgrind;
+        # each window counts from zero (not the total since the process started).
+        assert all(count > 1_000_000 for count in counts), counts
+        assert max(counts) < 10 * min(counts), counts
+    finally:
+        process.kill()
+        await process.wait()
+
+
+@pytest.mark.usefixtures("callgrind_tools")
+async def test_callgrind_names_a_process_it_does_not_run(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "input()", stdin=asyncio.subprocess.PIPE
+    )
+    try:
+        with pytest.raises(RuntimeError, match=rf"callgrind_control --zero {process.pid}"):
+            await Callgrind(str(tmp_path), "x").begin(process.pid)
+    finally:
+        process.kill()
+        await process.wait()
