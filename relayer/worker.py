@@ -114,7 +114,8 @@ class StoreStats:
     def record(self, result: ScanResult) -> None:
         """Count one lane scan (its acknowledged rows' ages: ``observe_acked``, per batch)."""
         self.scans += 1
-        self.by_scan[result.scan.value] = self.by_scan.get(result.scan.value, 0) + 1
+        name = result.scan.value  # an enum's value is a descriptor call: asked once
+        self.by_scan[name] = self.by_scan.get(name, 0) + 1
         if result.scan is Scan.SENT:
             self.batches += 1
             self.sent += result.sent
@@ -412,7 +413,8 @@ class StoreRuntime:
                 self.database.budget.limit,
                 extra={"action": "connections_busy", "store": self.store.name, "lane": lane},
             )
-        elif result.scan is Scan.SENT and result.sent:
+        elif result.scan is Scan.SENT and result.sent and logger.isEnabledFor(logging.DEBUG):
+            # Asked first: the arguments (a dict for ``extra``) would be built for every lane.
             logger.debug(
                 "lane %s: sent %s",
                 lane,

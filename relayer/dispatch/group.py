@@ -414,7 +414,8 @@ class WorkerGroup(Generic[KeyT]):
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(report)
-        if report.total:
+        if report.total and logger.isEnabledFor(logging.DEBUG):
+            # Asked first: the arguments (two dicts) would be built on every pass.
             logger.debug(
                 "dispatch: group %r pass %d started %s",
                 self.name,
