@@ -51,7 +51,7 @@ class Steady:
         self.rate, self.seconds = arguments.steady_rate, arguments.steady_seconds
         self.warm_up = min(WARM_UP, self.seconds / 3)
         # --instructions: the relays run under callgrind; their instructions a row, by name.
-        self.instructions = bool(getattr(arguments, "instructions", False))
+        self.instructions: bool = arguments.instructions
         self.per_row: dict[str, float] = {}
 
     def counter(self, folder: str, name: str) -> Callgrind | None:
@@ -163,14 +163,14 @@ async def steady(environment: Environment, transport: str) -> None:
     inside = sum(1 for at in committed.values() if opened <= at < closed)
     print_steady(environment, transport, window, inside, committed, sampled, opened)
     if counted is not None:
-        run.per_row["relayer"] = counted / max(inside, 1)
+        per_row = run.per_row["relayer"] = counted / max(inside, 1)
         batching = sampled.get("batching") or {}
         rows_each = (
             batching["sent"] / batching["transactions"] if batching.get("transactions") else 0
         )
         print(
             f"- instructions (callgrind, every thread of the worker, over the window): "
-            f"{counted / max(inside, 1):,.0f} a row committed in the window ({rows_each:.1f} rows "
+            f"{per_row:,.0f} a row committed in the window ({rows_each:.1f} rows "
             "a transaction over the run); the worker ran under callgrind, so its CPU and "
             "latency figures above are callgrind's, not the worker's"
         )
@@ -186,7 +186,8 @@ COLD_GAPS = (0.0, 0.001, 0.005)
 def print_cold_work() -> None:
     """How much more the same work costs on this machine after a sleep (bench.cpu.cold_work):
     the steady mode's figures include that, a drain's do not."""
-    hot, after_1ms, after_5ms = (cold_work(COLD_GAPS)[gap] for gap in COLD_GAPS)
+    costs = cold_work(COLD_GAPS)
+    hot, after_1ms, after_5ms = (costs[gap] for gap in COLD_GAPS)
     print(
         f"- the same piece of interpreter work costs {hot:.1f} µs of CPU back to back, "
         f"{after_1ms:.1f} after a 1 ms sleep and {after_5ms:.1f} after a 5 ms sleep on this "

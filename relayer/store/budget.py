@@ -131,7 +131,8 @@ class ConnectionBudget:
     def _returned(self, pool: BatchPool, conn: Connection) -> bool:
         """Where a connection ``pool`` got back goes: to its first waiter if that one wants
         this pool (True), else it is to be closed (False, a reservation or a waiter of another
-        pool gets its unit) or kept idle (True)."""
+        pool gets its unit) or kept idle (True). False changes nothing: asking again gives the
+        same answer."""
         while self._waiters and self._waiters[0].future.done():
             self._waiters.popleft()  # gave up waiting
         if self._reservations:
@@ -230,13 +231,10 @@ class BatchPool:
         except DRIVER_ERRORS as exc:
             raise store_error(store, doing, exc) from exc
         finally:
-            if self._reusable(conn):
-                # The usual case (committed, nothing to roll back) is settled at once: no task
-                # for a shield, no turn of the event loop.
-                if not self.budget._returned(self, conn):
-                    await asyncio.shield(self.discard(conn))
-            else:
-                # Shielded: a cancelled batch must not lose the connection or its unit.
+            # The usual case (committed, nothing to roll back, kept or handed to a waiter) is
+            # settled at once: no task for a shield, no turn of the event loop. Otherwise
+            # shielded: a cancelled batch must not lose the connection or its unit.
+            if not (self._reusable(conn) and self.budget._returned(self, conn)):
                 await asyncio.shield(self._put(conn))
 
     def available(self) -> int:
