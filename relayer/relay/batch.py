@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import FencedWriteError, StoreError
@@ -225,7 +225,7 @@ class LaneRelay:
         self,
         conn: Connection,
         started: float,
-        tokens: Mapping[int, UUID],
+        tokens: Mapping[int, str],
         rows: LaneRows,
         limit: int,
         *,

@@ -153,7 +153,8 @@ WHERE %(rank)s >= 0 AND l.lane %% %(members)s = %(rank)s
 -- its expiry) is skipped, and so is a lane another live member holds. A lease of this member
 -- with more than half of it left is only locked, not rewritten (a batch never outlives half a
 -- lease); any other is taken or renewed for a whole lease, keeping its token while it is this
--- member's and live. Returns the lanes locked, each with its token.
+-- member's and live. Returns the lanes locked, each with its token as text (the outcome
+-- statement's fence takes tokens as text: no UUID object is made and printed per lane).
 WITH candidates AS (
     SELECT name, lane, token, owner = %(member)s AND expires_at > pg_catalog.now() + %(lease)s / 2 AS fresh
     FROM {leases}
@@ -174,9 +175,9 @@ WITH candidates AS (
     WHERE s.name = c.name AND NOT c.fresh
     RETURNING s.lane, s.token
 )
-SELECT lane, token FROM renewed
+SELECT lane, token::text FROM renewed
 UNION ALL
-SELECT lane, token FROM candidates WHERE fresh
+SELECT lane, token::text FROM candidates WHERE fresh
 
 -- name: read_batch
 -- Each lane's head rows, read by a statement of its own after lock_lanes (so with a snapshot

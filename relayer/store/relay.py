@@ -198,11 +198,11 @@ class RelayStore:
         member: str,
         token: UUID,
         limit: int,
-    ) -> tuple[dict[int, UUID], LaneRows]:
+    ) -> tuple[dict[int, str], LaneRows]:
         """Take the leases of ``lanes`` (row-locked until the transaction ends) and read at
         most ``limit`` head rows of each lane taken.
 
-        Returns each lane taken with its lease token, and the rows of those lanes in
+        Returns each lane taken with its lease token (UUID text), and the rows of those lanes in
         (lane, id) order; a lane whose lease row is locked by another batch, or held by another
         live member, is left out. Must run inside a transaction on ``conn``.
         """
@@ -226,7 +226,7 @@ class RelayStore:
         try:
             results = await wire.run(conn, commands, begin=True, prepare=self.prepare_batches)
             first = 0 if self.local is None else 1
-            tokens = {int(lane): lane_token for lane, lane_token in results.rows(first)}
+            tokens: dict[int, str] = dict(results.rows(first))
             if not tokens:
                 return tokens, _NO_ROWS
             rows = results.rows(first + 1)
@@ -259,7 +259,7 @@ class RelayStore:
         conn: Connection,
         *,
         member: str,
-        tokens: Mapping[int, UUID],
+        tokens: Mapping[int, str],
         acked: Sequence[str],
         acked_lanes: Sequence[int],
         failures: Sequence[RowFailure],
@@ -267,15 +267,15 @@ class RelayStore:
         """Delete acknowledged rows (ids as UUID text, with their lanes), park failed keys and
         commit, in one round trip.
 
-        Fenced by the lease token of every lane in ``tokens``: if a lease did not hold or a row
-        was not there to delete, the statement raises FencedWriteError and nothing commits (the
-        caller rolls back).
+        Fenced by the lease token (UUID text) of every lane in ``tokens``: if a lease did not
+        hold or a row was not there to delete, the statement raises FencedWriteError and
+        nothing commits (the caller rolls back).
         """
         lanes = sorted(tokens)
         params = {
             "lanes": wire.text_list(lanes),
             "lane_count": len(lanes),
-            "tokens": ",".join([str(tokens[lane]) for lane in lanes]),
+            "tokens": ",".join([tokens[lane] for lane in lanes]),
             "member": member,
             "acked_lanes": wire.text_list(acked_lanes),
             "acked": ",".join(acked),

@@ -411,7 +411,7 @@ async def test_stale_owner_fenced_delete_removes_nothing(
             await db.record_outcomes(
                 conn,
                 member=MEMBER,
-                tokens={0: uuid.uuid4()},
+                tokens={0: str(uuid.uuid4())},
                 acked=rows.batch.ids,
                 acked_lanes=rows.lanes,
                 failures=[],
@@ -607,7 +607,7 @@ async def test_a_lost_lease_in_a_group_rolls_back_every_lane(
     async with await connection(relay_store) as conn:
         tokens, rows = await db.lock_and_read(conn, [0, 3], MEMBER, uuid.uuid4(), 10)
         assert sorted(tokens) == [0, 3] and len(rows) == 4
-        stale = {0: tokens[0], 3: uuid.uuid4()}
+        stale = {0: tokens[0], 3: str(uuid.uuid4())}
         with pytest.raises(FencedWriteError, match=r"lane 0, 3: the fenced delete matched 2 of 4"):
             await db.record_outcomes(
                 conn,
@@ -703,7 +703,7 @@ async def test_a_lost_lease_fails_the_fence_even_when_its_lane_has_nothing_to_de
     async with await connection(relay_store) as conn:
         tokens, rows = await db.lock_and_read(conn, [0, 3], MEMBER, uuid.uuid4(), 10)
         assert sorted(tokens) == [0, 3] and set(rows.lanes) == {0}
-        stale = {0: tokens[0], 3: uuid.uuid4()}  # lane 3 acknowledged nothing
+        stale = {0: tokens[0], 3: str(uuid.uuid4())}  # lane 3 acknowledged nothing
         with pytest.raises(FencedWriteError, match=r"matched 2 of 2 rows \(lease held: no\)"):
             await db.record_outcomes(
                 conn,
@@ -742,7 +742,7 @@ async def test_a_lease_with_more_than_half_left_is_kept_and_an_older_one_renewed
         return tokens[2]
 
     taken = await lock()
-    assert lease()[0] == taken
+    assert str(lease()[0]) == taken  # the token as UUID text, as the fence takes it
     expires = lease()[1]
     assert await lock() == taken and lease()[1] == expires  # fresh: locked, not rewritten
     set_expiry("1 second")  # less than half of the 4 s lease left: renewed, same token
