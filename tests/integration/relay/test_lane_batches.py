@@ -504,6 +504,56 @@ async def test_a_share_probe_leaves_out_the_lanes_it_is_told_to_skip(pg_dsn: str
         await prober.close()
 
 
+async def test_a_share_probe_finds_the_head_past_parked_keys_as_a_lane_probe_does(
+    pg_dsn: str,
+) -> None:
+    """A share probe takes a lane's first row as its head unless that row's key is parked and
+    not due: then it looks past the parked keys, as the probe of named lanes does."""
+    store = make_store(
+        pg_dsn, lanes=8, transports={"memory": {"type": "memory"}}, default_transport="memory"
+    )
+    await apply_schema(store)
+    later = datetime.now(UTC) + timedelta(minutes=5)
+    retry = {1: "now() + interval '1 hour'", 2: "now() + interval '1 hour'", 3: "now() - "
+             "interval '1 second'", 4: "NULL"}  # fmt: skip
+    for lane, retry_at in retry.items():
+        [parked_key] = keys_in_lane(store, lane, 1, prefix=f"parked{lane}-")
+        write(store, [parked_key], per_key=2)  # the lane's first rows, of a parked key
+        with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
+            conn.execute(
+                f"INSERT INTO {store.table_prefix}parked (ordering_key, lane, head_id, "
+                f"attempts, last_error, retry_at) SELECT ordering_key, lane, id, 1, 'refused', "
+                f"{retry_at} FROM {store.table_prefix}outbox WHERE ordering_key = %s "
+                "ORDER BY id LIMIT 1",
+                (parked_key,),
+            )
+        if lane != 2:  # lane 2 holds only the parked key's rows: nothing to send
+            write(store, keys_in_lane(store, lane, 1, prefix=f"next{lane}-"), deliver_at=later)
+    write(store, keys_in_lane(store, 5, 1, prefix="plain"))
+    prober = Prober(RelayStore(store), lambda: connection_autocommit(store))
+    try:
+        share = {head.lane: head for head in await prober.heads(0, 1)}
+        named = await asyncio.gather(*(prober.head(lane) for lane in range(8)))
+        # Lane 1: past the parked key, the next row (future-dated). Lane 2: none. Lane 3: the
+        # parked key is due for its retry: its row is the head. Lane 4: given up (parked for
+        # good), so the next row. Lane 5: a plain row.
+        assert sorted(share) == [1, 3, 4, 5]
+        assert [(share[lane].future, share[lane].due_in > 200) for lane in (1, 3, 4, 5)] == [
+            (True, True),
+            (False, False),
+            (True, True),
+            (False, False),
+        ]
+        for head in named:
+            if head.lane in share:
+                assert head == share[head.lane]._replace(due_in=head.due_in)
+                assert abs(head.due_in - share[head.lane].due_in) < 5
+            else:
+                assert not head.has_head
+    finally:
+        await prober.close()
+
+
 async def connection_autocommit(store: StoreSettings) -> psycopg.AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True)
 
