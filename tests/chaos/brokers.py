@@ -28,6 +28,7 @@ class KafkaTarget:
     the relay workers' connections can be cut, slowed, stalled or refused."""
 
     name = "kafka"
+    rereadable = True  # a topic is read from its start each time
 
     def __init__(self, loop: LoopThread) -> None:
         self.loop = loop
@@ -118,6 +119,7 @@ class RabbitTarget:
     other test), optionally behind a fault proxy."""
 
     name = "rabbitmq"
+    rereadable = False  # reading empties the queue
 
     def __init__(self, loop: LoopThread, url: str, *, proxied: bool) -> None:
         self.loop = loop

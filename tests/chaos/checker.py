@@ -52,6 +52,9 @@ class Report:
     rows: int = 0
     deliveries: int = 0
     lost: int = 0
+    # Committed rows a first read of a Kafka topic did not give back, before a second read
+    # (harness.Run.finish): only what the second read lacks too is lost.
+    first_read_missed: int = 0
     inversions: int = 0
     documented: int = 0
     late_copies: int = 0

@@ -65,10 +65,18 @@ class Settings:
 class Target(Protocol):
     name: str
     destination: str
+    # Whether read_all can be called again and reads everything again (a Kafka topic; a
+    # RabbitMQ queue is emptied by its read).
+    rereadable: bool
 
     def transport_toml(self) -> str: ...
 
     def read_all(self) -> list[Received]: ...
+
+
+# Before a committed row the broker did not give back is counted lost, a topic is read once
+# more, from its start, with a fresh consumer, this long after the first read ended.
+REREAD_AFTER = 5.0
 
 
 _AUDIT_SQL = """
@@ -491,9 +499,22 @@ class Run:
         logs = self.workers.all_logs()
         self.report.stale_rollbacks = logs.count("fenced delete matched")
         received = self.target.read_all()
+        written = read_written(self.store)
+        if self.target.rereadable:
+            delivered = {uuid.UUID(message.message_id) for message in received}
+            missed = sum(row not in delivered for row in written)
+            if missed:
+                # tansu has served acknowledged messages late (docs/chaos.md): a second whole
+                # read, later, decides. What it still lacks is lost; the first read's shortfall
+                # is reported either way.
+                time.sleep(REREAD_AFTER)
+                again = self.target.read_all()
+                if len(again) >= len(received):
+                    received = again
+                self.report.first_read_missed = missed
         check(
             self.report,
-            read_written(self.store),
+            written,
             received,
             lanes=self.settings.lanes,
             timed_out_keys=_timed_out_keys(logs),
@@ -501,6 +522,12 @@ class Run:
         self.report.audit = read_audit(self.store)
         if self.report.lost:
             self.report.lost_examples += deletes_of(self.store, self.report.lost_examples)
+        if self.report.first_read_missed:
+            print(
+                f"{self.report.scenario}: the first read of the topic missed "
+                f"{self.report.first_read_missed} committed rows; {self.report.lost} were "
+                f"still missing {REREAD_AFTER:g} s later"
+            )
         self.report.unclean_exits = sum(code != 0 for code in codes)
         return self.report
 
