@@ -169,8 +169,12 @@ WHERE %(rank)s >= 0 AND l.lane %% %(members)s = %(rank)s
 -- lease); any other is taken or renewed for a whole lease, keeping its token while it is this
 -- member's and live. Returns the lanes locked, each with its token as text (the outcome
 -- statement's fence takes tokens as text: no UUID object is made and printed per lane).
+-- A lease to rewrite is found again by the tuple id its lock was taken on: the row stays
+-- locked by this transaction, so that version is the current one, and the rewrite needs no
+-- second descent of the primary key (a third less time for a group of leases to renew). Were
+-- it not current, the rewrite would match nothing and the lane would be left out, not taken.
 WITH candidates AS (
-    SELECT name, lane, token, owner = %(member)s AND expires_at > pg_catalog.now() + %(lease)s / 2 AS fresh
+    SELECT ctid, lane, token, owner = %(member)s AND expires_at > pg_catalog.now() + %(lease)s / 2 AS fresh
     FROM {leases}
     WHERE lane = ANY(pg_catalog.string_to_array(%(lanes)s, ',')::int4[])
       AND (owner = %(member)s OR expires_at < pg_catalog.now())
@@ -186,7 +190,7 @@ WITH candidates AS (
         expires_at = pg_catalog.now() + %(lease)s,
         renewed_at = pg_catalog.now()
     FROM candidates AS c
-    WHERE s.name = c.name AND NOT c.fresh
+    WHERE s.ctid = c.ctid AND NOT c.fresh
     RETURNING s.lane, s.token
 )
 SELECT lane, token::text FROM renewed
