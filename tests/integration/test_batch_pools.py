@@ -42,6 +42,13 @@ async def hold(pool: BatchPool, count: int, stack: AsyncExitStack) -> list[Conne
     return [await stack.enter_async_context(pool.connection()) for _ in range(count)]
 
 
+async def waiting_for(pool: BatchPool) -> asyncio.Task[Connection]:
+    """A task asking ``pool`` for a connection, once it has had a moment to start waiting."""
+    task = asyncio.create_task(pool._get(pool.store, "test", 5.0))
+    await asyncio.sleep(0.05)
+    return task
+
+
 async def test_an_idle_connection_of_another_database_is_closed_to_open_one(pg_dsn: str) -> None:
     budget = ConnectionBudget(2)
     first, second = pools(make_store(pg_dsn), budget)
@@ -63,11 +70,9 @@ async def test_a_connection_returned_while_another_database_waits_is_handed_over
     async with closing(first, second):
         async with AsyncExitStack() as held:
             await hold(first, 2, held)
-            waiting = asyncio.create_task(second._get(second.store, "test", 5.0))
-            await asyncio.sleep(0.05)
+            waiting = await waiting_for(second)
             assert not waiting.done()  # every unit is in use
-            late = asyncio.create_task(first._get(first.store, "test", 5.0))
-            await asyncio.sleep(0.05)
+            late = await waiting_for(first)
             assert not late.done()
             await held.aclose()  # both of first's come back: the oldest waiter is second's
             conn = await asyncio.wait_for(waiting, 5)
@@ -93,8 +98,7 @@ async def test_a_cancelled_wait_gives_nothing_away(pg_dsn: str) -> None:
     first, second = pools(make_store(pg_dsn), budget)
     async with closing(first, second):
         async with first.connection():
-            waiting = asyncio.create_task(second._get(second.store, "test", 5.0))
-            await asyncio.sleep(0.05)
+            waiting = await waiting_for(second)
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
@@ -109,8 +113,7 @@ async def test_a_reservation_goes_before_batches(pg_dsn: str) -> None:
             await hold(first, 2, held)
             reserving = asyncio.create_task(budget.reserve())
             await asyncio.sleep(0.05)
-            waiting = asyncio.create_task(second._get(second.store, "test", 5.0))
-            await asyncio.sleep(0.05)
+            waiting = await waiting_for(second)
             assert not reserving.done() and not waiting.done()
         # first's two connections were closed: one unit for the reservation, then one for
         # second's waiter (not kept idle by first).
@@ -142,8 +145,7 @@ async def test_a_connection_returned_idle_goes_to_a_waiter_of_its_pool_as_it_is(
         async with first.connection() as conn:
             await conn.execute("SELECT 1")
             await conn.commit()  # idle again: it goes back without a rollback
-            waiting = asyncio.create_task(first._get(first.store, "test", 5.0))
-            await asyncio.sleep(0.05)
+            waiting = await waiting_for(first)
             assert not waiting.done()
         assert await asyncio.wait_for(waiting, 5) is conn
         assert (first.opened, len(first.idle), budget.batch) == (1, 0, 1)
