@@ -39,6 +39,7 @@ class KafkaTarget:
         self.destination = unique("chaos")
         create_topics(self.bootstrap, [self.destination], partitions=PARTITIONS)
         self.earlier: list[Received] = []  # what a restarted broker held before it lost it
+        self.read_errors: list[str] = []  # the consumer's error events of every read
         # The transport's close_timeout (None: the transport's default).
         self.close_timeout: float | None = 5.0
 
@@ -58,7 +59,12 @@ class KafkaTarget:
         # Generous idling: on a loaded machine a short read would count as lost rows. Past the
         # watermarks too: they can lag behind what the broker acknowledged.
         received = consume_kafka(
-            self.bootstrap, self.destination, stored, idle_seconds=15, beyond=2.0
+            self.bootstrap,
+            self.destination,
+            stored,
+            idle_seconds=15,
+            beyond=2.0,
+            errors=self.read_errors,
         )
         assert len(received) >= stored, f"read {len(received)} of the {stored} stored messages"
         return self.earlier + received
@@ -87,7 +93,13 @@ class KafkaTarget:
             lambda: self.proxy.block(lambda hello: kafka_client_id(hello) == WORKER_CLIENT_ID)
         )
         assert refused >= 0
-        self.earlier += consume_kafka(self.bootstrap, self.destination, self._stored(), beyond=2.0)
+        self.earlier += consume_kafka(
+            self.bootstrap,
+            self.destination,
+            self._stored(),
+            beyond=2.0,
+            errors=self.read_errors,
+        )
         self.broker.restart()
         self.loop.call(lambda: setattr(self.proxy, "upstream", ("127.0.0.1", self.broker.port)))
         create_topics(self.bootstrap, [self.destination], partitions=PARTITIONS)

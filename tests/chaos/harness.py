@@ -188,6 +188,51 @@ def deletes_of(store: StoreSettings, ids: list[str]) -> list[str]:
     ]
 
 
+RECORDER = Path(__file__).parent / "recorder"  # the workers' delivery-report recorder
+
+
+def recorder_env(folder: Path) -> dict[str, str]:
+    """The environment that makes a worker record its Kafka delivery reports in ``folder``
+    (tests/chaos/recorder/sitecustomize.py)."""
+    path = os.pathsep.join(filter(None, [str(RECORDER), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "RELAYER_TEST_DELIVERIES_DIR": str(folder)}
+
+
+def acknowledgements_of(
+    folder: Path, ids: list[str], received: list[Received], read_errors: list[str]
+) -> list[str]:
+    """For rows the broker did not serve: the delivery reports the workers recorded for each
+    (worker pid, partition, offset, outcome) and what the read found at that offset; then the
+    offsets missing from each partition's read, and the consumer's errors."""
+    reports: dict[str, list[tuple[str, int, int, str]]] = {row: [] for row in ids}
+    for path in sorted(folder.glob("deliveries-*.txt")):
+        pid = path.stem.removeprefix("deliveries-")
+        for line in path.read_text().splitlines():
+            message_id, number, position, result = line.split(" ")
+            if message_id in reports:
+                reports[message_id].append((pid, int(number), int(position), result))
+    at = {(item.partition, item.offset): item.message_id for item in received}
+    found = []
+    for row, seen in reports.items():
+        if not seen:
+            found.append(f"{row}: no delivery report recorded")
+        for pid, partition, offset, outcome in seen:
+            there = at.get((partition, offset), "nothing")
+            found.append(
+                f"{row}: worker {pid} got {outcome} at partition {partition} offset {offset}; "
+                f"the read found {there} there"
+            )
+    offsets: dict[int, set[int]] = {}
+    for item in received:
+        if item.partition is not None and item.offset is not None:
+            offsets.setdefault(item.partition, set()).add(item.offset)
+    for partition, held in sorted(offsets.items()):
+        gaps = sorted(set(range(min(held), max(held) + 1)) - held)
+        if gaps:
+            found.append(f"partition {partition}: offsets {gaps[:10]} not read ({len(gaps)})")
+    return found + [f"consumer error: {error}" for error in read_errors[:5]]
+
+
 def backlog(store: StoreSettings) -> tuple[int, int]:
     """(rows pending, parked keys)."""
     outbox, parked = store.names.table("outbox"), store.names.table("parked")
@@ -443,6 +488,8 @@ class Run:
         )
         self.pg_proxy = loop.call(lambda: Proxy(upstream_of(relayed), protocol="postgres"))
         self.ports = [loop.run(self.pg_proxy.listen(slot)) for slot in range(report.workers)]
+        self.folder = folder
+        recording = recorder_env(folder) if target.name == "kafka" else {}
         self.workers = Workers(
             folder,
             lambda slot: worker_config(
@@ -453,7 +500,7 @@ class Run:
                 pooler,
             ),
             report.workers,
-            extra_env,
+            lambda slot: {**recording, **extra_env(slot)},
         )
         writes = make_store(relayed, lanes=settings.lanes, pooler=pooler)
         self.writer = Writer(writes, target.destination, settings)
@@ -521,7 +568,13 @@ class Run:
         )
         self.report.audit = read_audit(self.store)
         if self.report.lost:
-            self.report.lost_examples += deletes_of(self.store, self.report.lost_examples)
+            examples = list(self.report.lost_examples)  # ids only
+            self.report.lost_examples += deletes_of(self.store, examples)
+            if self.target.name == "kafka":
+                errors: list[str] = getattr(self.target, "read_errors", [])
+                self.report.lost_examples += acknowledgements_of(
+                    self.folder, examples, received, errors
+                )
         if self.report.first_read_missed:
             print(
                 f"{self.report.scenario}: the first read of the topic missed "

@@ -27,6 +27,8 @@ class Received:
     body: bytes
     headers: Mapping[str, str]
     key: str | None
+    partition: int | None = None  # where a Kafka consumer read it
+    offset: int | None = None
 
     @property
     def message_id(self) -> str:
@@ -162,13 +164,20 @@ def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
 
 
 def consume_kafka(
-    bootstrap: str, topic: str, count: int, idle_seconds: float = 5.0, beyond: float = 0.0
+    bootstrap: str,
+    topic: str,
+    count: int,
+    idle_seconds: float = 5.0,
+    beyond: float = 0.0,
+    errors: list[str] | None = None,
 ) -> list[Received]:
     """Everything in ``topic`` (at least ``count`` messages, or what came before going idle).
 
     ``beyond``: once ``count`` messages were read, go on until nothing came for that long. The
     tansu broker's watermark offsets (the usual source of ``count``) can lag behind what it
-    acknowledged and serves by seconds, so a read that stops at them misses the newest."""
+    acknowledged and serves by seconds, so a read that stops at them misses the newest.
+    ``errors``: where to put the consumer's error events (a message it could not read, say),
+    which are skipped otherwise."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -190,11 +199,22 @@ def consume_kafka(
             idle = idle + 0.5 if not batch else 0.0
             for record in batch:
                 if record.error() is not None:
+                    if errors is not None:
+                        errors.append(
+                            f"partition {record.partition()} offset {record.offset()}: "
+                            f"{record.error()}"
+                        )
                     continue
                 headers = {name: (value or b"").decode() for name, value in record.headers() or []}
                 key = record.key()
                 received.append(
-                    Received(record.value() or b"", headers, None if key is None else key.decode())
+                    Received(
+                        record.value() or b"",
+                        headers,
+                        None if key is None else key.decode(),
+                        record.partition(),
+                        record.offset(),
+                    )
                 )
         return received
     finally:
