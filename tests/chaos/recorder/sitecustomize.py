@@ -11,13 +11,44 @@ thread, before the report reaches the event loop, so a SIGKILL loses no acknowle
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
+import sys
+from types import ModuleType
 from typing import Any
 
+_MODULE = "relayer.transports.kafka"
 
-def _install(folder: str) -> None:
-    from relayer.transports import kafka
 
+class _Patcher(importlib.abc.MetaPathFinder):
+    """Patches the Kafka transport once it is imported: importing it here, at start-up,
+    would load relayer before ``python -m`` put the working folder on sys.path."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+        folder = self.folder
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _install(module, folder)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _install(kafka: Any, folder: str) -> None:
     descriptor = os.open(
         os.path.join(folder, f"deliveries-{os.getpid()}.txt"),
         os.O_WRONLY | os.O_CREAT | os.O_APPEND,
@@ -46,4 +77,4 @@ def _install(folder: str) -> None:
 
 
 if _folder := os.environ.get("RELAYER_TEST_DELIVERIES_DIR"):
-    _install(_folder)
+    sys.meta_path.insert(0, _Patcher(_folder))
