@@ -229,6 +229,12 @@ class EmbeddedKafka:
         logger.info("embedded Kafka broker on %s", url, extra={"action": "embedded"})
         return self
 
+    def output(self) -> str:
+        """What the broker printed since it last started (tansu prints its errors)."""
+        if self._log is None:
+            return ""
+        return Path(self._log.name).read_text(errors="replace")
+
     def restart(self) -> None:
         """Kill the broker (SIGKILL, a crash) and start it again on the same port. Its storage
         is in memory: topics and messages are gone afterwards."""

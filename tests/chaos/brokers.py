@@ -69,6 +69,10 @@ class KafkaTarget:
         assert len(received) >= stored, f"read {len(received)} of the {stored} stored messages"
         return self.earlier + received
 
+    def broker_errors(self) -> list[str]:
+        """The error lines the broker printed since it last started."""
+        return [line for line in self.broker.output().splitlines() if "ERROR" in line]
+
     def _stored(self) -> int:
         from confluent_kafka import Consumer, TopicPartition
 

@@ -38,6 +38,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from relayer import Outbox, OutboxMessage
 from relayer.settings import StoreSettings
 from tests.acceptance.cli import command, environment
+from tests.chaos.brokers import KafkaTarget
 from tests.chaos.checker import Audit, Report, Written
 from tests.chaos.proxy import LoopThread, Proxy
 from tests.conftest import apply_schema, make_store
@@ -570,11 +571,13 @@ class Run:
         if self.report.lost:
             examples = list(self.report.lost_examples)  # ids only
             self.report.lost_examples += deletes_of(self.store, examples)
-            if self.target.name == "kafka":
-                errors: list[str] = getattr(self.target, "read_errors", [])
+            if isinstance(self.target, KafkaTarget):
                 self.report.lost_examples += acknowledgements_of(
-                    self.folder, examples, received, errors
+                    self.folder, examples, received, self.target.read_errors
                 )
+                self.report.lost_examples += [
+                    f"broker: {line}" for line in self.target.broker_errors()[-10:]
+                ]
         if self.report.first_read_missed:
             print(
                 f"{self.report.scenario}: the first read of the topic missed "
