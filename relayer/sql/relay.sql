@@ -32,16 +32,19 @@ WITH beat AS (
     WHERE lane IS NULL AND expires_at >= pg_catalog.now() AND name <> 'member:' || %(member)s
     UNION
     SELECT owner FROM beat
-), share AS (
+), share AS MATERIALIZED (
     SELECT pg_catalog.count(*) AS members,
            pg_catalog.count(*) FILTER (WHERE owner < %(member)s) AS rank
     FROM live
 ), released AS (
+    -- The share is read once (not once per lease row), and a lone member, whose share is
+    -- every lane, reads no lease row at all.
     UPDATE {leases} SET expires_at = '-infinity', renewed_at = pg_catalog.now()
     WHERE name IN (
-        SELECT l.name FROM {leases} AS l, share
-        WHERE l.lane IS NOT NULL AND l.owner = %(member)s AND l.expires_at > pg_catalog.now()
-          AND l.lane %% share.members <> share.rank
+        SELECT l.name FROM {leases} AS l
+        WHERE (SELECT members FROM share) > 1
+          AND l.lane IS NOT NULL AND l.owner = %(member)s AND l.expires_at > pg_catalog.now()
+          AND l.lane %% (SELECT members FROM share) <> (SELECT rank FROM share)
         FOR UPDATE OF l SKIP LOCKED
     )
     RETURNING 1

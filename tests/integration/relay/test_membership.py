@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import psycopg
 
 from relayer.membership import Membership
 from relayer.settings import StoreSettings
+from relayer.store import RelayStore
+from tests.conftest import apply_schema, make_store
 
 
 def connector(store: StoreSettings) -> Any:
@@ -106,3 +110,38 @@ async def test_a_lane_held_by_a_batch_at_the_heartbeat_is_released_when_asked_af
     assert held_by(store, "member-a") == first.lanes
     await first.leave()
     await second.leave()
+
+
+def executed_scans(plan: dict[str, Any], relation: str) -> list[str]:
+    """The node types of every scan of ``relation`` that ran in an EXPLAIN ANALYZE plan."""
+    found = []
+    if plan.get("Relation Name") == relation and plan.get("Actual Loops", 0) > 0:
+        found.append(str(plan["Node Type"]))
+    for child in plan.get("Plans", []):
+        found += executed_scans(child, relation)
+    return found
+
+
+async def test_a_lone_members_heartbeat_reads_no_lane_lease_row(pg_dsn: str) -> None:
+    """A heartbeat finds the member rows through their own index (migration 0007), and a lone
+    member, whose share is every lane, reads no lane's lease row to release lanes outside it:
+    with 65,536 lanes each of those reads went through every lane's row."""
+    store = make_store(pg_dsn, lanes=65_536)
+    await apply_schema(store)
+    db = RelayStore(store)
+    async with await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True) as conn:
+        await db.prepare(conn)  # the lane rows
+        # Every lane held by the member, as after a backlog over all of them.
+        await conn.execute(
+            "UPDATE orders_leases SET owner = 'member-a', expires_at = now() + interval '1 minute' "
+            "WHERE lane IS NOT NULL"
+        )
+        await conn.execute("ANALYZE orders_leases")
+        params = {"member": "member-a", "token": uuid4(), "lease": timedelta(seconds=30)}
+        cursor = await conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + db.queries["heartbeat"], params
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    scans = executed_scans(row[0][0]["Plan"], "orders_leases")
+    assert scans and "Seq Scan" not in scans, scans
