@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -74,12 +75,19 @@ class LaneRows:
     @classmethod
     def from_rows(cls, rows: Sequence[Sequence[Any]]) -> LaneRows:
         """From ``read_batch``'s rows: lane, id text, key, transport, destination, body,
-        headers (JSON text, or None when empty), future."""
+        headers (JSON text, or None when empty), future. Each lane's rows come in id order and
+        together; the lanes are put in ascending order here if they do not come so (the
+        statement sorts nothing: a stable sort by lane keeps each lane's order)."""
         if not rows:
             return _NO_ROWS
         lanes, ids, keys, transports, destinations, bodies, headers, future = zip(
             *rows, strict=True
         )
+        if list(lanes) != sorted(lanes):
+            rows = sorted(rows, key=itemgetter(0))
+            lanes, ids, keys, transports, destinations, bodies, headers, future = zip(
+                *rows, strict=True
+            )
         if any(headers):
             headers = tuple(None if text is None else json.loads(text) for text in headers)
         batch = OutboundBatch(ids, keys, destinations, bodies, headers)
@@ -207,7 +215,8 @@ class RelayStore:
         live member, is left out. Must run inside a transaction on ``conn``.
         """
         params = {
-            "lanes": wire.text_list(lanes),
+            # Ascending: the read returns the lanes in this order (LaneRows.from_rows).
+            "lanes": wire.text_list(sorted(lanes)),
             "member": member,
             "token": token,
             "lease": self.lease,
