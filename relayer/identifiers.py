@@ -34,7 +34,7 @@ TABLE_SUFFIXES: dict[str, str] = {
 INDEX_SUFFIXES: dict[str, str] = {
     "parked_lane": "parked_lane",
     "leases_lane": "leases_lane",
-    "leases_members": "leases_members",
+    "leases_members": "lease_members",
     "queue_events_queue": "queue_events_q",
     "inbox_received": "inbox_received",
     "inbox_keys_updated": "inbox_keys_upd",
