@@ -490,7 +490,7 @@ class Run:
         self.pg_proxy = loop.call(lambda: Proxy(upstream_of(relayed), protocol="postgres"))
         self.ports = [loop.run(self.pg_proxy.listen(slot)) for slot in range(report.workers)]
         self.folder = folder
-        recording = recorder_env(folder) if target.name == "kafka" else {}
+        recording = recorder_env(folder) if isinstance(target, KafkaTarget) else {}
         self.workers = Workers(
             folder,
             lambda slot: worker_config(

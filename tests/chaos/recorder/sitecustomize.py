@@ -12,7 +12,6 @@ thread, before the report reaches the event loop, so a SIGKILL loses no acknowle
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import os
 import sys
