@@ -560,6 +560,13 @@ def main() -> None:
     )
     parser.add_argument("--steady-rate", type=bounded(float, 1), default=1000.0)
     parser.add_argument(
+        "--least-ticks",
+        type=lambda text: [bounded(float, 0.1)(part) for part in text.split(",") if part],
+        default=[5.0, 10.0],
+        help="steady mode to Kafka: the polled least relay's ticks in ms, comma-separated "
+        "(default 5,10; '' for none)",
+    )
+    parser.add_argument(
         "--instructions",
         action="store_true",
         help="steady mode: run the worker and the least relay under valgrind's callgrind and "

@@ -81,8 +81,9 @@ def bare_kafka(options: dict[str, Any]) -> None:
 
 def bare_kafka_steady(options: dict[str, Any]) -> None:
     """bare-kafka at steady mode's rate: ``rate`` messages a second for ``seconds``, each
-    produced on its own as one-row transactions bring them, delivery reports served while it
-    waits for the next one."""
+    produced on its own as one-row transactions bring them (or ``group`` at a time, every
+    ``group`` / ``rate`` seconds, as a relay that gathers rows for that long sends them),
+    delivery reports served while it waits for the next one."""
     from bench.transport_bare import BODY, kafka_producer
 
     topic = options["topic"]
@@ -103,6 +104,7 @@ def bare_kafka_steady(options: dict[str, Any]) -> None:
         return on_timed_delivery
 
     interval = 1 / options["rate"]
+    group = options.get("group", 1)
     ready()
     started, before = time.perf_counter(), clocks()
     sent = 0
@@ -111,11 +113,12 @@ def bare_kafka_steady(options: dict[str, Any]) -> None:
         if pause > 0:
             producer.poll(pause)
             continue
-        headers = [("relayer-message-id", str(uuid.uuid4()))]
-        key = f"key-{sent % KEYS}".encode()
-        callback = on_delivery if sent % BARE_ACK_EVERY else timed(time.perf_counter())
-        producer.produce(topic, BODY, key, headers=headers, on_delivery=callback)
-        sent += 1
+        for _ in range(group):
+            headers = [("relayer-message-id", str(uuid.uuid4()))]
+            key = f"key-{sent % KEYS}".encode()
+            callback = on_delivery if sent % BARE_ACK_EVERY else timed(time.perf_counter())
+            producer.produce(topic, BODY, key, headers=headers, on_delivery=callback)
+            sent += 1
     producer.flush(30)
     result = spent(before, seconds=time.perf_counter() - started, rows=sent, delivered=delivered)
     quantiles = statistics.quantiles(latencies, n=100) if len(latencies) >= 2 else []
@@ -320,8 +323,11 @@ def floor_steady(options: dict[str, Any]) -> None:
     lock the lanes' lease rows, read their head rows (lane, id order), produce each to Kafka
     and wait for every delivery report, delete them by an id array, commit. No linger, no
     dispatch, no fencing, no second worker: what it costs and how soon the broker has a row is
-    what this machine allows under the same writers. Runs until a line arrives on stdin; writes
-    the acknowledgement time of one row in ``every`` to ``acks``."""
+    what this machine allows under the same writers. With ``tick`` (seconds) it listens for
+    nothing and locks nothing: at every multiple of ``tick`` it reads every lane's rows, sends
+    them and deletes them in one transaction (what gathering rows for a fixed time costs, at
+    the least, against how late it makes them). Runs until a line arrives on stdin; writes the
+    acknowledgement time of one row in ``every`` to ``acks``."""
     import select
 
     from bench.transport_bare import kafka_producer
@@ -343,32 +349,45 @@ def floor_steady(options: dict[str, Any]) -> None:
         nonlocal delivered
         delivered += error is None
 
+    tick = float(options.get("tick", 0.0))
+    every_lane = list(range(options["lanes"]))
     with (
         psycopg.connect(
             options["dsn"], autocommit=True, application_name="efficiency-floor-listen"
         ) as listen,
         floor_connection(options) as work,
     ):
-        listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(options["channel"])))
+        if not tick:
+            listen.execute(sql.SQL("LISTEN {}").format(sql.Identifier(options["channel"])))
         pgconn = listen.pgconn
         ready(backends=[listen.info.backend_pid, work.info.backend_pid])
         started, before = time.perf_counter(), clocks()
         woken: set[int] = set()
-        sent = 0
+        sent = transactions = 0
         while True:
-            readable, _, _ = select.select([pgconn.socket, sys.stdin], [], [], 1.0)
-            if sys.stdin in readable:
-                sys.stdin.readline()
-                break
-            pgconn.consume_input()
-            while (notice := pgconn.notifies()) is not None:
-                woken.add(int(notice.extra))
-            if not woken:
-                continue
-            lanes = sorted(woken)
-            woken.clear()
-            work.execute(lock, ([f"lane:{lane}" for lane in lanes],))
-            rows = work.execute(read, (lanes, FLOOR_BATCH)).fetchall()
+            if tick:
+                # Polled: no notification at all; every tick reads every lane's rows.
+                wait = tick - (time.perf_counter() - started) % tick
+                readable, _, _ = select.select([sys.stdin], [], [], wait)
+                if sys.stdin in readable:
+                    sys.stdin.readline()
+                    break
+                lanes = every_lane
+                rows = work.execute(read, (lanes, FLOOR_BATCH)).fetchall()
+            else:
+                readable, _, _ = select.select([pgconn.socket, sys.stdin], [], [], 1.0)
+                if sys.stdin in readable:
+                    sys.stdin.readline()
+                    break
+                pgconn.consume_input()
+                while (notice := pgconn.notifies()) is not None:
+                    woken.add(int(notice.extra))
+                if not woken:
+                    continue
+                lanes = sorted(woken)
+                woken.clear()
+                work.execute(lock, ([f"lane:{lane}" for lane in lanes],))
+                rows = work.execute(read, (lanes, FLOOR_BATCH)).fetchall()
             for message_id, key, topic_name, body in rows:
                 producer.produce(
                     topic_name,
@@ -385,9 +404,12 @@ def floor_steady(options: dict[str, Any]) -> None:
                     acked[str(message_id)] = now
             if rows:
                 work.execute(delete, ([row[0] for row in rows],))
+                transactions += 1
             work.commit()
         result = spent(before, seconds=time.perf_counter() - started, rows=sent)
-    Path(options["acks"]).write_text(json.dumps({"acked": acked, "published": sent}))
+    Path(options["acks"]).write_text(
+        json.dumps({"acked": acked, "published": sent, "transactions": transactions})
+    )
     report({**result, "delivered": delivered})
 
 

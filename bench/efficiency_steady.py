@@ -176,7 +176,11 @@ async def steady(environment: Environment, transport: str) -> None:
         )
     if transport == "kafka":
         await steady_floor(run)
+        for tick in environment.arguments.least_ticks:
+            await steady_floor(run, tick=tick / 1000)
         await steady_bare_kafka(environment)
+        for tick in environment.arguments.least_ticks:
+            await steady_bare_kafka(environment, tick=tick / 1000)
     print_cold_work()
 
 
@@ -218,9 +222,11 @@ class FloorProcess:
         return await self.child.result()
 
 
-async def steady_floor(run: Steady) -> None:
+async def steady_floor(run: Steady, *, tick: float = 0.0) -> None:
     """The least relay (efficiency_children.floor_steady) under the same writers at the same
-    rate: what a message costs and how soon the broker has it, at the least, on this machine."""
+    rate: what a message costs and how soon the broker has it, at the least, on this machine.
+    With ``tick`` (seconds) the polled least relay: no notifications, every lane read at every
+    multiple of ``tick``."""
     environment = run.environment
     assert environment.bootstrap is not None
     with (
@@ -248,6 +254,7 @@ async def steady_floor(run: Steady) -> None:
                     "topic": target,
                     "every": ACK_SAMPLE,
                     "acks": str(acks),
+                    "tick": tick,
                 },
                 prefix=() if counter is None else counter.prefix(),
             )
@@ -279,12 +286,23 @@ async def steady_floor(run: Steady) -> None:
         if quantiles
         else "commit-to-ack not recorded"
     )
-    print(
-        f"- least relay at the same rate under the same writers (one blocking loop: LISTEN, "
-        f"lock the named lanes, read, produce, wait for the deliveries, delete, commit; no "
-        f"linger, dispatch or fencing): CPU µs/msg {costs}, total {total:.1f}; {latency}: "
-        "the least this machine allows at this rate"
-    )
+    transactions = sampled.get("transactions") or 0
+    each = f"{sampled.get('published', 0) / transactions:.1f}" if transactions else "no"
+    if tick:
+        print(
+            f"- polled least relay, every {tick * 1000:g} ms (no LISTEN and no lock: at each "
+            f"tick one transaction reads every lane's rows, produces them, waits for the "
+            f"deliveries, deletes them, commits; {each} rows a transaction): CPU µs/msg "
+            f"{costs}, total {total:.1f}; {latency}: what gathering rows for {tick * 1000:g} ms "
+            "costs at the least, and how late it makes them"
+        )
+    else:
+        print(
+            f"- least relay at the same rate under the same writers (one blocking loop: LISTEN, "
+            f"lock the named lanes, read, produce, wait for the deliveries, delete, commit; no "
+            f"linger, dispatch or fencing; {each} rows a transaction): CPU µs/msg {costs}, "
+            f"total {total:.1f}; {latency}: the least this machine allows at this rate"
+        )
     if counted is not None:
         least = counted / messages
         relayer = run.per_row.get("relayer")
@@ -308,9 +326,11 @@ def latencies_of(
     )
 
 
-async def steady_bare_kafka(environment: Environment) -> None:
+async def steady_bare_kafka(environment: Environment, *, tick: float = 0.0) -> None:
     """The bare producer at the same rate, a produce call per message as they come: what the
-    broker and a client spend per message when nothing is sent together."""
+    broker and a client spend per message when nothing is sent together. With ``tick``
+    (seconds): the messages of each tick produced together at its end, as a relay that
+    gathers rows for that long sends them."""
     from bench.transport_bare import create_topic
 
     arguments = environment.arguments
@@ -324,6 +344,7 @@ async def steady_bare_kafka(environment: Environment) -> None:
             "topic": topic,
             "rate": arguments.steady_rate,
             "seconds": seconds,
+            "group": max(1, round(arguments.steady_rate * tick)),
         },
     )
     await child.start()
@@ -338,6 +359,16 @@ async def steady_bare_kafka(environment: Environment) -> None:
         if "kafka" in environment.broker_pids
         else "broker not measured (not a local tansu process)"
     )
+    if tick:
+        group = max(1, round(arguments.steady_rate * tick))
+        print(
+            f"- bare producer, the messages of every {tick * 1000:g} ms produced together "
+            f"({group} at a time, {result['rows']:,} messages, {result['delivered']:,} "
+            f"delivered): producer {result['process'] * 1e6 / rows:.1f} µs/msg, {broker}: "
+            f"what the broker costs a message, at the least, when rows are gathered for "
+            f"{tick * 1000:g} ms (librdkafka sends a produce request per partition)"
+        )
+        return
     print(
         f"- bare confluent-kafka producer at the same rate ({result['rows']:,} messages in "
         f"{result['seconds']:.1f} s, one per produce call, {result['delivered']:,} delivered): "
