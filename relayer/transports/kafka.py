@@ -49,6 +49,7 @@ from relayer.transports.base import (
     fail_quietly,
 )
 from relayer.transports.kafka_log import LibrdkafkaLog, error_hint
+from relayer.transports.kafka_placement import Placements
 from relayer.transports.kafka_rules import (
     check_config,
     delivery_error,
@@ -232,7 +233,9 @@ class KafkaTransport:
             headers = [
                 item for item in message.headers.items() if item[0] not in _RESERVED
             ] + headers
-        callback = functools.partial(_record_delivery, self._delivered, future, message_id)
+        callback = functools.partial(
+            _record_delivery, self._delivered, generation.placements, (future, message_id)
+        )
         while True:
             if generation.fatal is not None:
                 raise _rebuilding(generation.fatal)
@@ -283,6 +286,7 @@ class KafkaTransport:
         bodies, all_headers = batch.bodies, batch.headers
         known = self._known_topics
         settles = self._settles
+        placements = generation.placements
         record = _record_settle
         handed = 0
         if generation.fatal is not None:
@@ -318,7 +322,9 @@ class KafkaTransport:
                     bodies[index],
                     key,
                     headers=headers,
-                    on_delivery=functools.partial(record, settles, (settle, index, message_id)),
+                    on_delivery=functools.partial(
+                        record, settles, placements, (settle, index, message_id)
+                    ),
                 )
                 waiting.add(message_id)
                 handed += 1
@@ -429,6 +435,7 @@ class KafkaTransport:
             self._notice.acknowledged()
         outstanding = self._outstanding
         waiting = generation.waiting
+        unplaced: list[Any] = []
         for future, message_id, error, report in delivered:
             outstanding.discard(future)
             waiting.discard(message_id)
@@ -436,6 +443,9 @@ class KafkaTransport:
                 continue
             if error is None:
                 future.set_result(None)
+            elif error is UNPLACED:
+                unplaced.append(report)
+                fail_quietly(future, _unplaced(report))
             elif error.code() in _NOT_SENT:
                 fail_quietly(
                     future,
@@ -446,18 +456,24 @@ class KafkaTransport:
                 )
             else:
                 fail_quietly(future, delivery_error(error, report, self._max_bytes))
+        if unplaced:
+            self._warn_unplaced(unplaced)
         if self._waiting_for_space:
             self._space.set()
 
     def _resolve_settles(self, generation: Generation, settles: _Settles) -> None:
         waiting = generation.waiting
         dropped: TransportUnavailableError | None = None
+        unplaced: list[Any] = []
         if self._notice.since is not None and any(error is None for _, error, _ in settles):
             self._notice.acknowledged()
         for (settle, index, message_id), error, report in settles:
             waiting.discard(message_id)
             if error is None:
                 settle(index, None)
+            elif error is UNPLACED:
+                unplaced.append(report)
+                settle(index, _unplaced(report))
             elif error.code() in _NOT_SENT:
                 if dropped is None:
                     dropped = TransportUnavailableError(
@@ -468,8 +484,24 @@ class KafkaTransport:
                 settle(index, dropped)
             else:
                 settle(index, delivery_error(error, report, self._max_bytes))
+        if unplaced:
+            self._warn_unplaced(unplaced)
         if self._waiting_for_space:
             self._space.set()
+
+    def _warn_unplaced(self, reports: list[Any]) -> None:
+        """Reports of success that placed nothing (relayer.transports.kafka_placement)."""
+        self._log.warning(
+            "unplaced",
+            "%s: Kafka reported %s message(s) delivered without placing them (the first %s: "
+            "a duplicate-sequence answer, or a log that went back); their rows stay and are "
+            "sent again; if this repeats, check the brokers' logs for lost producer state or "
+            "truncated partitions",
+            self._path,
+            len(reports),
+            _place(reports[0]),
+            extra={"action": "transport_unplaced", "store": self._store},
+        )
 
     def _replace(self, generation: Generation) -> None:
         """After a fatal error: fail what the dead producer held, then start a new one."""
@@ -664,16 +696,54 @@ _RESERVED = frozenset({MESSAGE_ID_HEADER, ORDERING_KEY_HEADER})
 _NOT_SENT = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._FATAL})
 
 
+# A successful report that does not place its message (relayer.transports.kafka_placement):
+# what the poll thread records instead of no error, for the loop to resend the row.
+UNPLACED: Any = object()
+
+
 def _record_delivery(
-    delivered: _Delivered, future: asyncio.Future[None], message_id: str, error: Any, report: Any
+    delivered: _Delivered,
+    placements: Placements,
+    target: tuple[asyncio.Future[None], str],
+    error: Any,
+    report: Any,
 ) -> None:
     # Runs in the poll thread, inside producer.poll(): only collect; the loop resolves.
-    delivered.append((future, message_id, error, report if error is not None else None))
+    future, message_id = target
+    if error is not None:
+        delivered.append((future, message_id, error, report))
+    elif placements.placed(report):
+        delivered.append((future, message_id, None, None))
+    else:
+        delivered.append((future, message_id, UNPLACED, report))
 
 
-def _record_settle(settles: _Settles, target: _Target, error: Any, report: Any) -> None:
+def _record_settle(
+    settles: _Settles, placements: Placements, target: _Target, error: Any, report: Any
+) -> None:
     # Runs in the poll thread, inside producer.poll(): only collect; the loop settles.
-    settles.append((target, error, report if error is not None else None))
+    if error is not None:
+        settles.append((target, error, report))
+    elif placements.placed(report):
+        settles.append((target, None, None))
+    else:
+        settles.append((target, UNPLACED, report))
+
+
+def _place(report: Any) -> str:
+    """Where an unplaced report put its message, in words."""
+    offset = report.offset()
+    where = f"to {report.topic()} [{report.partition()}]"
+    if offset is None:
+        return f"{where} without an offset"
+    return f"{where} at offset {offset}, not after that partition's last acknowledged offset"
+
+
+def _unplaced(report: Any) -> TransportUnavailableError:
+    return TransportUnavailableError(
+        f"Kafka reported the message delivered {_place(report)}, so relayer cannot tell that "
+        "the broker stored it; it will be sent again"
+    )
 
 
 def _finish(stopped: asyncio.Future[None] | None) -> None:

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from relayer.transports.kafka_placement import Placements
+
 logger = logging.getLogger("relayer.transports.kafka")
 
 _T = TypeVar("_T")
@@ -40,12 +42,14 @@ STUCK_GRACE_SECONDS = 1.0
 class Generation:
     """One librdkafka producer; replaced as a whole after a fatal error."""
 
-    __slots__ = ("fatal", "last_report", "number", "probe", "producer", "waiting")
+    __slots__ = ("fatal", "last_report", "number", "placements", "probe", "producer", "waiting")
 
     def __init__(self, number: int, producer: Any) -> None:
         self.number = number
         self.producer = producer
         self.fatal: str | None = None
+        # Where its acknowledgements placed messages (read and written by the poll thread).
+        self.placements = Placements()
         # Ids of publish_batch messages handed to this producer and not reported yet (read and
         # written on the event loop's thread only): a second copy is refused while one waits.
         self.waiting: set[str] = set()

@@ -61,15 +61,15 @@ def _install(kafka: Any, folder: str) -> None:
 
     settle, deliver = kafka._record_settle, kafka._record_delivery
 
-    def record_settle(settles: Any, target: Any, error: Any, report: Any) -> None:
+    def record_settle(settles: Any, placements: Any, target: Any, error: Any, report: Any) -> None:
         write(target[2], error, report)
-        settle(settles, target, error, report)
+        settle(settles, placements, target, error, report)
 
     def record_delivery(
-        delivered: Any, future: Any, message_id: str, error: Any, report: Any
+        delivered: Any, placements: Any, target: Any, error: Any, report: Any
     ) -> None:
-        write(message_id, error, report)
-        deliver(delivered, future, message_id, error, report)
+        write(target[1], error, report)
+        deliver(delivered, placements, target, error, report)
 
     kafka._record_settle = record_settle
     kafka._record_delivery = record_delivery

@@ -13,6 +13,17 @@ from relayer import Outbox, OutboxMessage, lane_for
 from relayer.settings import StoreSettings
 from relayer.transports.base import OutgoingMessage
 
+# The settings of the stores that one-batch-at-a-time tests send from (four lanes, short
+# lease, at most three attempts).
+BATCH_STORE: dict[str, Any] = {
+    "lanes": 4,
+    "batch_size": 50,
+    "lease_duration": "4s",
+    "poll_interval": "0.2s",
+    "retry_backoff": "1s",
+    "max_attempts": 3,
+}
+
 
 def keys_in_lane(store: StoreSettings, lane: int, count: int, prefix: str = "key") -> list[str]:
     """``count`` distinct keys that hash to ``lane``."""

@@ -18,6 +18,7 @@ from relayer.store import RelayStore
 from relayer.transports.memory import MemoryTransport
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import (
+    BATCH_STORE,
     bodies_by_key,
     first_deliveries_in_order,
     keys_in_lane,
@@ -41,12 +42,7 @@ async def memory() -> AsyncIterator[MemoryTransport]:
 async def relay_store(pg_dsn: str) -> StoreSettings:
     store = make_store(
         pg_dsn,
-        lanes=4,
-        batch_size=50,
-        lease_duration="4s",
-        poll_interval="0.2s",
-        retry_backoff="1s",
-        max_attempts=3,
+        **BATCH_STORE,
         transports={"memory": {"type": "memory"}},
         default_transport="memory",
     )

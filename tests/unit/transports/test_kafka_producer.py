@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from relayer.transports.base import OutgoingMessage, SendError, TransportUnavailableError
 from relayer.transports.kafka import KafkaTransport
@@ -27,12 +28,17 @@ class FakeMetadata:
 
 
 class FakeProducer:
-    """Queues produced messages; ``poll`` delivers them when the test allows it."""
+    """Queues produced messages; ``poll`` delivers them when the test allows it, each report a
+    confluent_kafka Message at the next offset of partition 0 of its topic (or, while
+    ``offsets`` holds any, at the offsets it lists: None for none)."""
 
     def __init__(self, config: dict[str, Any], registry: list[FakeProducer]) -> None:
         self.config = config
         self.lock = threading.Lock()
         self.queue: list[tuple[bytes, Callable[[Any, Any], None]]] = []
+        self.topics: list[str] = []  # each queued message's topic
+        self.logs: dict[str, int] = {}  # topic -> its partition's next offset
+        self.offsets: list[int | None] = []
         self.deliver = True
         self.capacity = 1_000_000
         self.fatal: KafkaError | None = None
@@ -50,6 +56,7 @@ class FakeProducer:
             if len(self.queue) >= self.capacity:
                 raise BufferError("Local: Queue full")
             self.queue.append((value, kwargs["on_delivery"]))
+            self.topics.append(topic)
 
     def poll(self, timeout: float) -> int:
         if self.crash is not None:
@@ -61,13 +68,23 @@ class FakeProducer:
                 self.config["error_cb"](self.fatal)
                 return 1
             ready = self.queue if self.deliver else []
+            topics = self.topics if self.deliver else []
             if self.deliver:
-                self.queue = []
-        for _, callback in ready:
-            callback(None, None)
+                self.queue, self.topics = [], []
+        for (_, callback), topic in zip(ready, topics, strict=True):
+            callback(None, self.report(topic))
         if not ready:
             threading.Event().wait(min(timeout, 0.005))
         return len(ready)
+
+    def report(self, topic: str) -> Message:
+        """The next successful delivery report of ``topic`` (its log grows by one)."""
+        offset = self.logs.get(topic, 0)
+        self.logs[topic] = offset + 1
+        if self.offsets:
+            reported = self.offsets.pop(0)
+            offset = -1 if reported is None else reported
+        return Message(topic=topic, partition=0, offset=offset, value=b"")
 
     def flush(self, timeout: float) -> int:
         self.deliver = True
@@ -76,7 +93,7 @@ class FakeProducer:
 
     def purge(self, *args: Any, **kwargs: Any) -> None:
         with self.lock:
-            purged, self.queue = self.queue, []
+            purged, self.queue, self.topics = self.queue, [], []
         for _, callback in purged:
             callback(KafkaError(KafkaError._PURGE_QUEUE), None)
 
@@ -105,13 +122,22 @@ def fake_transport(
     )
 
 
-@pytest.fixture
-async def kafka() -> AsyncIterator[tuple[KafkaTransport, list[FakeProducer]]]:
+@contextlib.asynccontextmanager
+async def started_fake() -> AsyncIterator[tuple[KafkaTransport, list[FakeProducer]]]:
+    """A started transport of fake producers (``fake_transport``), closed after."""
     producers: list[FakeProducer] = []
     transport = fake_transport(producers)
     await transport.start()
-    yield transport, producers
-    await transport.close()
+    try:
+        yield transport, producers
+    finally:
+        await transport.close()
+
+
+@pytest.fixture
+async def kafka() -> AsyncIterator[tuple[KafkaTransport, list[FakeProducer]]]:
+    async with started_fake() as started:
+        yield started
 
 
 async def until(condition: Callable[[], bool], seconds: float = 10) -> None:
