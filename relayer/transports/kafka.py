@@ -494,9 +494,8 @@ class KafkaTransport:
         self._log.warning(
             "unplaced",
             "%s: Kafka reported %s message(s) delivered without placing them (the first %s: "
-            "a duplicate-sequence answer, or a log that went back); their rows stay and are "
-            "sent again; if this repeats, check the brokers' logs for lost producer state or "
-            "truncated partitions",
+            "librdkafka's success for a DUPLICATE_SEQUENCE_NUMBER answer); their rows stay and "
+            "are sent again; if this repeats, check the brokers' logs for lost producer state",
             self._path,
             len(reports),
             _place(reports[0]),
@@ -736,7 +735,7 @@ def _place(report: Any) -> str:
     where = f"to {report.topic()} [{report.partition()}]"
     if offset is None:
         return f"{where} without an offset"
-    return f"{where} at offset {offset}, not after that partition's last acknowledged offset"
+    return f"{where} at offset {offset}, counting up from an answer without one"
 
 
 def _unplaced(report: Any) -> TransportUnavailableError:

@@ -9,13 +9,11 @@ the earlier send stored the messages then rests on the broker's bookkeeping alon
 whose idempotence state runs ahead of its log (the embedded broker tansu saves a producer's
 sequence before it writes the batch) would have lost them without a word.
 
-So a report is taken as an acknowledgement only if it places the message: an offset, after
-the last one this producer had acknowledged on that partition. A report without one, the
-reports that count up from it in the same answer, and a report at or before the partition's
-last acknowledged offset are *unplaced*: the row stays in the outbox and is sent again (a
-possible duplicate, never a loss), and the transport says so in a warning. A partition whose
-log really went back (truncated by an unclean leader election, or deleted and created again)
-costs one resend: its new offsets are the baseline after the first of them.
+So a report is taken as an acknowledgement only if it places the message at an offset. A
+report without one, and the reports that count up from it on its partition (the rest of the
+same answer: librdkafka hands a request's reports over together, in order), are *unplaced*:
+the row stays in the outbox and is sent again (a possible duplicate, never a loss), and the
+transport says so in a warning. A placed report costs one call and one test.
 """
 
 from __future__ import annotations
@@ -24,30 +22,28 @@ from typing import Any
 
 
 class Placements:
-    """The last offset one producer had acknowledged on each (topic, partition); used by its
-    poll thread only."""
+    """The unplaced answers of one producer, by (topic, partition); used by its poll thread
+    only."""
 
-    __slots__ = ("_last", "_run")
+    __slots__ = ("_run",)
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, int], int] = {}
         # (topic, partition) -> the offset the next report of an unplaced answer would carry.
         self._run: dict[tuple[str, int], int] = {}
 
     def placed(self, report: Any) -> bool:
         """Whether the successful delivery report ``report`` (a confluent_kafka Message)
-        places its message after every earlier one of this producer on its partition."""
+        places its message: it has an offset, and does not continue an answer that had none."""
         offset = report.offset()
-        partition = (report.topic(), report.partition())
         run = self._run
+        if offset is not None and not run:
+            return True
+        partition = (report.topic(), report.partition())
         if offset is None:  # negative: the answer gave no place
             run[partition] = 0  # an answer at -1 counts up to 0, 1... for its other messages
             return False
-        if run:
-            expected = run.pop(partition, None)
-            if expected is not None and offset == expected:
-                run[partition] = offset + 1
-                return False
-        last = self._last.get(partition)
-        self._last[partition] = offset
-        return last is None or offset > last
+        expected = run.pop(partition, None)
+        if expected is not None and offset == expected:
+            run[partition] = offset + 1
+            return False
+        return True
