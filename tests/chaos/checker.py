@@ -55,6 +55,9 @@ class Report:
     # Committed rows a first read of a Kafka topic did not give back, before a second read
     # (harness.Run.finish): only what the second read lacks too is lost.
     first_read_missed: int = 0
+    # Kafka reports of success without an offset the workers recorded: not trusted, the rows
+    # went again (relayer.transports.kafka_placement).
+    unplaced: int = 0
     inversions: int = 0
     documented: int = 0
     late_copies: int = 0

@@ -199,19 +199,41 @@ def recorder_env(folder: Path) -> dict[str, str]:
     return {"PYTHONPATH": path, "RELAYER_TEST_DELIVERIES_DIR": str(folder)}
 
 
+def recorded_reports(
+    folder: Path,
+) -> Iterator[tuple[str, str, int | None, int | None, str]]:
+    """Every delivery report the workers recorded in ``folder``: (worker pid, message id,
+    partition, offset, outcome); None where the report had no partition or offset."""
+    for path in sorted(folder.glob("deliveries-*.txt")):
+        pid = path.stem.removeprefix("deliveries-")
+        for line in path.read_text().splitlines():
+            message_id, partition, offset, outcome = line.split(" ")
+            yield pid, message_id, _number(partition), _number(offset), outcome
+
+
+def _number(text: str) -> int | None:
+    return None if text == "None" else int(text)
+
+
+def unplaced_reports(folder: Path) -> int:
+    """Reports of success without an offset (librdkafka's DUPLICATE_SEQUENCE_NUMBER answer):
+    the relay does not trust them and sends their rows again
+    (relayer.transports.kafka_placement)."""
+    return sum(
+        outcome == "ok" and offset is None for _, _, _, offset, outcome in recorded_reports(folder)
+    )
+
+
 def acknowledgements_of(
     folder: Path, ids: list[str], received: list[Received], read_errors: list[str]
 ) -> list[str]:
     """For rows the broker did not serve: the delivery reports the workers recorded for each
     (worker pid, partition, offset, outcome) and what the read found at that offset; then the
     offsets missing from each partition's read, and the consumer's errors."""
-    reports: dict[str, list[tuple[str, int, int, str]]] = {row: [] for row in ids}
-    for path in sorted(folder.glob("deliveries-*.txt")):
-        pid = path.stem.removeprefix("deliveries-")
-        for line in path.read_text().splitlines():
-            message_id, number, position, result = line.split(" ")
-            if message_id in reports:
-                reports[message_id].append((pid, int(number), int(position), result))
+    reports: dict[str, list[tuple[str, int | None, int | None, str]]] = {row: [] for row in ids}
+    for pid, message_id, partition, offset, outcome in recorded_reports(folder):
+        if message_id in reports:
+            reports[message_id].append((pid, partition, offset, outcome))
     at = {(item.partition, item.offset): item.message_id for item in received}
     found = []
     for row, seen in reports.items():
@@ -578,6 +600,14 @@ class Run:
                 self.report.lost_examples += [
                     f"broker: {line}" for line in self.target.broker_errors()[-10:]
                 ]
+        if isinstance(self.target, KafkaTarget):
+            self.report.unplaced = unplaced_reports(self.folder)
+        if self.report.unplaced:
+            print(
+                f"{self.report.scenario}: {self.report.unplaced} delivery reports of success "
+                "came without an offset (DUPLICATE_SEQUENCE_NUMBER answers); their rows were "
+                "not deleted on them and went again"
+            )
         if self.report.first_read_missed:
             print(
                 f"{self.report.scenario}: the first read of the topic missed "

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.chaos.harness import acknowledgements_of, recorder_env
+from tests.chaos.harness import acknowledgements_of, recorder_env, unplaced_reports
 from tests.contract.brokers import Received
 
 
@@ -59,3 +59,19 @@ def test_a_worker_started_with_the_recorder_writes_each_report(tmp_path: Path) -
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
     [written] = tmp_path.glob("deliveries-*.txt")
     assert written.read_text() == "id-1 5 42 ok\n"
+
+
+def test_reports_without_an_offset_are_read_and_the_unplaced_successes_counted(
+    tmp_path: Path,
+) -> None:
+    # confluent-kafka shows a negative offset (and a purged message's) as None.
+    (tmp_path / "deliveries-101.txt").write_text(
+        "a 2 None ok\nb 2 0 ok\nc None None _PURGE_QUEUE\nd 2 5 ok\n"
+    )
+    assert unplaced_reports(tmp_path) == 1
+    lines = acknowledgements_of(tmp_path, ["a", "c"], [received("b", 2, 0)], [])
+    assert lines == [
+        "a: worker 101 got ok at partition 2 offset None; the read found nothing there",
+        "c: worker 101 got _PURGE_QUEUE at partition None offset None; the read found "
+        "nothing there",
+    ]
