@@ -1,6 +1,7 @@
 """A TCP proxy for the chaos suite, on 127.0.0.1, between relay workers and PostgreSQL or a
 broker: latency (a delay line, so traffic stays pipelined), stalls (connections stay open, no
-byte moves), resets (RST on both sides) and refusals of new connections.
+byte moves), held replies (requests go through, answers wait), resets (RST on both sides)
+and refusals of new connections.
 
 Some faults must hit exact protocol points, without hooks in relayer's code, so the proxy reads
 the protocols it carries:
@@ -140,6 +141,8 @@ class Proxy:
         self.servers: list[asyncio.Server] = []
         self._flowing = asyncio.Event()
         self._flowing.set()
+        self._replies = asyncio.Event()  # clear: the server's bytes are held (hold_replies)
+        self._replies.set()
 
     async def listen(self, tag: int = 0, port: int = 0) -> int:
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -155,8 +158,14 @@ class Proxy:
         """Hold every byte in both directions until ``resume``; connections stay open."""
         self._flowing.clear()
 
+    def hold_replies(self) -> None:
+        """Hold every byte from the server until ``resume`` (requests still reach it): a reply
+        lost on its way if the connection is reset meanwhile."""
+        self._replies.clear()
+
     def resume(self) -> None:
         self._flowing.set()
+        self._replies.set()
 
     def reset(self, which: Callable[[Link], bool] = lambda link: True) -> int:
         """Reset connections (RST to both peers); returns how many."""
@@ -317,6 +326,8 @@ class _Direction:
             if (wait := due - loop.time()) > 0:
                 await asyncio.sleep(wait)
             await self.proxy._flowing.wait()
+            if not self.client_side:
+                await self.proxy._replies.wait()
             if data:
                 self.sink.write(data)
                 await self.sink.drain()
