@@ -48,7 +48,8 @@ class Generation:
         self.number = number
         self.producer = producer
         self.fatal: str | None = None
-        # Where its acknowledgements placed messages (read and written by the poll thread).
+        # Its answers of success without a place (relayer.transports.kafka_placement; read and
+        # written by the poll thread).
         self.placements = Placements()
         # Ids of publish_batch messages handed to this producer and not reported yet (read and
         # written on the event loop's thread only): a second copy is refused while one waits.
