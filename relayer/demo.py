@@ -172,20 +172,26 @@ class OrderWriter:
 
 
 def consume(bootstrap: str, topic: str, expected: int) -> list[Delivery]:
-    """Read the whole topic back (every partition from the start)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    """Read the whole topic back (every partition from the start).
+
+    From offset 0, not OFFSET_BEGINNING: the embedded broker answers the EARLIEST offset with
+    the batch it wrote first, not the lowest offset, so a read from OFFSET_BEGINNING could
+    start past a large batch of events whose write ended after that of a later one and report
+    them lost. A Kafka log that starts above 0 is read from its start (auto.offset.reset)."""
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"relayer-demo-{time.time_ns()}",
             "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
         }
     )
     deliveries: list[Delivery] = []
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, number, OFFSET_BEGINNING) for number in partitions])
+        consumer.assign([TopicPartition(topic, number, 0) for number in partitions])
         idle = 0.0
         while len(deliveries) < expected and idle < 10:
             batch = consumer.consume(1000, timeout=0.5)

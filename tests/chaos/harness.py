@@ -250,10 +250,24 @@ def acknowledgements_of(
         if item.partition is not None and item.offset is not None:
             offsets.setdefault(item.partition, set()).add(item.offset)
     for partition, held in sorted(offsets.items()):
-        gaps = sorted(set(range(min(held), max(held) + 1)) - held)
+        gaps = sorted(set(range(max(held) + 1)) - held)  # a run's topic starts at offset 0
         if gaps:
             found.append(f"partition {partition}: offsets {gaps[:10]} not read ({len(gaps)})")
     return found + [f"consumer error: {error}" for error in read_errors[:5]]
+
+
+def lost_account(lines: list[str], received: list[Received]) -> str:
+    """The report of lost rows, then every message the read got (partition, offset, id)."""
+    read = sorted(
+        received, key=lambda item: (item.partition or 0, item.offset or 0, item.message_id)
+    )
+    return (
+        "\n".join(
+            [*lines, "", "read (partition offset id):"]
+            + [f"{item.partition} {item.offset} {item.message_id}" for item in read]
+        )
+        + "\n"
+    )
 
 
 def backlog(store: StoreSettings) -> tuple[int, int]:
@@ -600,6 +614,11 @@ class Run:
                 self.report.lost_examples += [
                     f"broker: {line}" for line in self.target.broker_errors()[-10:]
                 ]
+                (self.folder / "broker.log").write_text(self.target.broker.output())
+            # pytest cuts a long assertion message short: the whole account goes to a file.
+            account = self.folder / "lost-report.txt"
+            account.write_text(lost_account(self.report.lost_examples, received))
+            print(f"{self.report.scenario}: the whole account of the lost rows: {account}")
         if isinstance(self.target, KafkaTarget):
             self.report.unplaced = unplaced_reports(self.folder)
         if self.report.unplaced:

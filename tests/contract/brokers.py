@@ -163,6 +163,32 @@ def delete_topics(bootstrap: str, topics: Sequence[str]) -> None:
             future.result(30)
 
 
+def reader(bootstrap: str) -> Any:
+    """A Kafka consumer of its own group that commits nothing (``assign_from_the_start``)."""
+    from confluent_kafka import Consumer
+
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique("group"),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+
+def assign_from_the_start(consumer: Any, topic: str) -> None:
+    """Read every partition of ``topic`` from offset 0, not from OFFSET_BEGINNING: tansu
+    answers the EARLIEST offset with the batch written first, not the lowest offset, so a read
+    from OFFSET_BEGINNING starts past a large batch whose write ended after that of a later,
+    smaller one (docs/chaos.md). On a Kafka log that starts above 0, the consumer's
+    ``auto.offset.reset`` (earliest) takes the read to its start."""
+    from confluent_kafka import TopicPartition
+
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, number, 0) for number in partitions])
+
+
 def consume_kafka(
     bootstrap: str,
     topic: str,
@@ -178,20 +204,9 @@ def consume_kafka(
     acknowledged and serves by seconds, so a read that stops at them misses the newest.
     ``errors``: where to put the consumer's error events (a message it could not read, say),
     which are skipped otherwise."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": unique("group"),
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
+    consumer = reader(bootstrap)
     try:
-        metadata = consumer.list_topics(topic, timeout=10)
-        partitions = metadata.topics[topic].partitions
-        consumer.assign([TopicPartition(topic, number, OFFSET_BEGINNING) for number in partitions])
+        assign_from_the_start(consumer, topic)
         received: list[Received] = []
         idle = 0.0
         while idle < (idle_seconds if len(received) < count else beyond):

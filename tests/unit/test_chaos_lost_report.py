@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.chaos.harness import acknowledgements_of, recorder_env, unplaced_reports
+from tests.chaos.harness import (
+    acknowledgements_of,
+    lost_account,
+    recorder_env,
+    unplaced_reports,
+)
 from tests.contract.brokers import Received
 
 
@@ -75,3 +80,10 @@ def test_reports_without_an_offset_are_read_and_the_unplaced_successes_counted(
         "c: worker 101 got _PURGE_QUEUE at partition None offset None; the read found "
         "nothing there",
     ]
+
+
+def test_the_whole_account_lists_the_report_then_every_message_read() -> None:
+    read = [received("b", 1, 0), received("a", 0, 3), received("c", 0, 1)]
+    assert lost_account(["lost-1: no delivery report recorded"], read) == (
+        "lost-1: no delivery report recorded\n\nread (partition offset id):\n0 1 c\n0 3 a\n1 0 b\n"
+    )

@@ -13,7 +13,7 @@ from relayer import Outbox, OutboxMessage
 from relayer.inbox import Inbox, Outcome, delivery_of
 from relayer.settings import StoreSettings
 from tests.conftest import apply_schema, make_store
-from tests.contract.brokers import create_topics, unique
+from tests.contract.brokers import assign_from_the_start, create_topics, reader, unique
 from tests.integration.relay.helpers import pending
 from tests.integration.unordered.helpers import run_worker_until
 
@@ -52,14 +52,9 @@ async def relay(store: StoreSettings) -> None:
 
 def consume_kafka_messages(bootstrap: str, topic: str, count: int) -> list[Any]:
     """``count`` confluent_kafka Message objects, as a consumer application gets them."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": unique("group"), "enable.auto.commit": False}
-    )
+    consumer = reader(bootstrap)
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, number, OFFSET_BEGINNING) for number in partitions])
+        assign_from_the_start(consumer, topic)
         messages: list[Any] = []
         for _ in range(60):
             messages += [m for m in consumer.consume(count, timeout=0.5) if m.error() is None]
