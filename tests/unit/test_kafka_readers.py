@@ -1,7 +1,7 @@
 """The demo's and the tests' Kafka readers start every partition at offset 0, never at
 OFFSET_BEGINNING: the embedded broker answers EARLIEST with the batch it wrote first, not the
 lowest offset, so a read from OFFSET_BEGINNING can skip a whole stored batch
-(tests/chaos/test_broker_reads.py shows that race; docs/chaos.md)."""
+(docs/chaos.md)."""
 
 from __future__ import annotations
 
