@@ -111,7 +111,10 @@ def bare_kafka_steady(options: dict[str, Any]) -> None:
     while (elapsed := time.perf_counter() - started) < options["seconds"]:
         pause = sent * interval - elapsed
         if pause > 0:
-            producer.poll(pause)
+            # poll() counts whole milliseconds: a shorter timeout is 0, which returns at once
+            # and spun this loop (a core's worth of client CPU); a delivery report still ends
+            # the wait as soon as it comes.
+            producer.poll(max(pause, 0.001))
             continue
         for _ in range(group):
             headers = [("relayer-message-id", str(uuid.uuid4()))]
