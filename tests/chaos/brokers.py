@@ -23,6 +23,17 @@ WORKER_CLIENT_ID = "relayer-chaos-worker"
 PARTITIONS = 8
 
 
+def start_kafka_behind_proxy(loop: LoopThread) -> tuple[Proxy, EmbeddedKafka, int]:
+    """A tansu broker of its own behind a fault proxy that it advertises, so that every
+    connection a client makes (metadata told it where) goes through the proxy: (proxy,
+    broker, the proxy's port). The caller closes the proxy and stops the broker."""
+    proxy = loop.call(lambda: Proxy(("127.0.0.1", 0), protocol="kafka"))
+    port = loop.run(proxy.listen())
+    broker = EmbeddedKafka(advertised_port=port).start()
+    proxy.upstream = ("127.0.0.1", broker.port)
+    return proxy, broker, port
+
+
 class KafkaTarget:
     """A tansu broker of this run's own, always behind a proxy that it advertises, so that
     the relay workers' connections can be cut, slowed, stalled or refused."""
@@ -32,10 +43,7 @@ class KafkaTarget:
 
     def __init__(self, loop: LoopThread) -> None:
         self.loop = loop
-        self.proxy = loop.call(lambda: Proxy(("127.0.0.1", 0), protocol="kafka"))
-        self.proxy_port = loop.run(self.proxy.listen())
-        self.broker = EmbeddedKafka(advertised_port=self.proxy_port).start()
-        self.proxy.upstream = ("127.0.0.1", self.broker.port)
+        self.proxy, self.broker, self.proxy_port = start_kafka_behind_proxy(loop)
         self.destination = unique("chaos")
         create_topics(self.bootstrap, [self.destination], partitions=PARTITIONS)
         self.earlier: list[Received] = []  # what a restarted broker held before it lost it

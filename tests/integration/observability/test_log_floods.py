@@ -30,6 +30,7 @@ from relayer import Outbox, OutboxMessage
 from relayer.embedded import EmbeddedKafka, free_port
 from relayer.settings import StoreSettings
 from tests.acceptance.cli import command, environment
+from tests.chaos.brokers import start_kafka_behind_proxy
 from tests.chaos.proxy import LoopThread, Proxy
 from tests.contract.brokers import create_topics, unique
 
@@ -169,10 +170,7 @@ def loop() -> Iterator[LoopThread]:
 def kafka_behind_proxy(loop: LoopThread) -> Iterator[tuple[Proxy, EmbeddedKafka, str, str]]:
     """A tansu broker of this test's own, advertised through a proxy; (proxy, broker,
     bootstrap, topic)."""
-    proxy = loop.call(lambda: Proxy(("127.0.0.1", 0), protocol="kafka"))
-    port = loop.run(proxy.listen())
-    broker = EmbeddedKafka(advertised_port=port).start()
-    proxy.upstream = ("127.0.0.1", broker.port)
+    proxy, broker, port = start_kafka_behind_proxy(loop)
     bootstrap = f"127.0.0.1:{port}"
     topic = unique("floods")
     create_topics(bootstrap, [topic], partitions=4)

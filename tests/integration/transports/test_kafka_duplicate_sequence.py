@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from relayer.embedded import EmbeddedKafka
 from relayer.transports.base import OutboundBatch, TransportUnavailableError
 from relayer.transports.kafka import KafkaTransport
+from tests.chaos.brokers import start_kafka_behind_proxy
 from tests.chaos.proxy import LoopThread, Proxy
 from tests.contract.brokers import consume_kafka, create_topics, unique
 
@@ -27,10 +27,7 @@ def kafka_behind_proxy() -> Iterator[tuple[LoopThread, Proxy, str, str]]:
     """A tansu broker of this test's own, advertised through a proxy; (loop, proxy,
     bootstrap, topic of one partition)."""
     loop = LoopThread()
-    proxy = loop.call(lambda: Proxy(("127.0.0.1", 0), protocol="kafka"))
-    port = loop.run(proxy.listen())
-    broker = EmbeddedKafka(advertised_port=port).start()
-    proxy.upstream = ("127.0.0.1", broker.port)
+    proxy, broker, port = start_kafka_behind_proxy(loop)
     bootstrap = f"127.0.0.1:{port}"
     topic = unique("dupseq")
     create_topics(bootstrap, [topic], partitions=1)
