@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -70,11 +70,13 @@ _MISSING_TOPIC_SECONDS = 5.0
 # The first wait before rebuilding a producer again after a rebuild failed (then doubling).
 _REBUILD_RETRY_SECONDS = 1.0
 
-# (future, message id, error, report) of publish()'s messages.
-_Delivered = list[tuple[asyncio.Future[None], str, Any, Any]]
+# ((future, message id), error, report) of publish()'s messages.
+_Delivered = list[tuple[tuple[asyncio.Future[None], str], Any, Any]]
 # Whom a publish_batch message's report settles: (settle, index, message id).
 _Target = tuple[Settle, int, str]
 _Settles = list[tuple[_Target, Any, Any]]
+# Either kind of target; its last item is the message id.
+_To = TypeVar("_To", tuple[asyncio.Future[None], str], _Target)
 ProducerFactory = Callable[[dict[str, Any]], Any]
 
 
@@ -234,7 +236,7 @@ class KafkaTransport:
                 item for item in message.headers.items() if item[0] not in _RESERVED
             ] + headers
         callback = functools.partial(
-            _record_delivery, self._delivered, generation.placements, (future, message_id)
+            _record_report, self._delivered, generation.placements, (future, message_id)
         )
         while True:
             if generation.fatal is not None:
@@ -287,7 +289,7 @@ class KafkaTransport:
         known = self._known_topics
         settles = self._settles
         placements = generation.placements
-        record = _record_settle
+        record = _record_report
         handed = 0
         if generation.fatal is not None:
             raise _rebuilding(generation.fatal)
@@ -431,12 +433,12 @@ class KafkaTransport:
             self._waiting_for_space -= 1
 
     def _resolve(self, generation: Generation, delivered: _Delivered) -> None:
-        if self._notice.since is not None and any(error is None for _, _, error, _ in delivered):
+        if self._notice.since is not None and any(error is None for _, error, _ in delivered):
             self._notice.acknowledged()
         outstanding = self._outstanding
         waiting = generation.waiting
         unplaced: list[Any] = []
-        for future, message_id, error, report in delivered:
+        for (future, message_id), error, report in delivered:
             outstanding.discard(future)
             waiting.discard(message_id)
             if future.done():
@@ -700,33 +702,21 @@ _NOT_SENT = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, Kafk
 UNPLACED: Any = object()
 
 
-def _record_delivery(
-    delivered: _Delivered,
+def _record_report(
+    reports: list[tuple[_To, Any, Any]],
     placements: Placements,
-    target: tuple[asyncio.Future[None], str],
+    target: _To,
     error: Any,
     report: Any,
 ) -> None:
-    # Runs in the poll thread, inside producer.poll(): only collect; the loop resolves.
-    future, message_id = target
+    # Runs in the poll thread, inside producer.poll(): only collect; the loop resolves (a
+    # publish() future) or settles (a publish_batch message).
     if error is not None:
-        delivered.append((future, message_id, error, report))
+        reports.append((target, error, report))
     elif placements.placed(report):
-        delivered.append((future, message_id, None, None))
+        reports.append((target, None, None))
     else:
-        delivered.append((future, message_id, UNPLACED, report))
-
-
-def _record_settle(
-    settles: _Settles, placements: Placements, target: _Target, error: Any, report: Any
-) -> None:
-    # Runs in the poll thread, inside producer.poll(): only collect; the loop settles.
-    if error is not None:
-        settles.append((target, error, report))
-    elif placements.placed(report):
-        settles.append((target, None, None))
-    else:
-        settles.append((target, UNPLACED, report))
+        reports.append((target, UNPLACED, report))
 
 
 def _place(report: Any) -> str:

@@ -57,7 +57,7 @@ def test_a_worker_started_with_the_recorder_writes_each_report(tmp_path: Path) -
         "    def partition(self): return 5\n"
         "    def offset(self): return 42\n"
         "settles = []\n"
-        "kafka._record_settle(settles, Placements(), (None, 3, 'id-1'), None, Report())\n"
+        "kafka._record_report(settles, Placements(), (None, 3, 'id-1'), None, Report())\n"
         "assert len(settles) == 1\n"
     )
     env = {**os.environ, **recorder_env(tmp_path)}

@@ -59,20 +59,13 @@ def _install(kafka: Any, folder: str) -> None:
         line = f"{message_id} {report.partition()} {report.offset()} {outcome}\n"
         os.write(descriptor, line.encode())
 
-    settle, deliver = kafka._record_settle, kafka._record_delivery
+    record = kafka._record_report
 
-    def record_settle(settles: Any, placements: Any, target: Any, error: Any, report: Any) -> None:
-        write(target[2], error, report)
-        settle(settles, placements, target, error, report)
+    def record_report(reports: Any, placements: Any, target: Any, error: Any, report: Any) -> None:
+        write(target[-1], error, report)  # a target's last item is its message id
+        record(reports, placements, target, error, report)
 
-    def record_delivery(
-        delivered: Any, placements: Any, target: Any, error: Any, report: Any
-    ) -> None:
-        write(target[1], error, report)
-        deliver(delivered, placements, target, error, report)
-
-    kafka._record_settle = record_settle
-    kafka._record_delivery = record_delivery
+    kafka._record_report = record_report
 
 
 if _folder := os.environ.get("RELAYER_TEST_DELIVERIES_DIR"):
