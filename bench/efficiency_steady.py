@@ -337,6 +337,7 @@ async def steady_bare_kafka(environment: Environment, *, tick: float = 0.0) -> N
     assert environment.bootstrap is not None
     topic = await asyncio.to_thread(create_topic, environment.bootstrap)
     seconds = max(arguments.steady_seconds - min(WARM_UP, arguments.steady_seconds / 3), 1.0)
+    group = max(1, round(arguments.steady_rate * tick))  # messages produced together
     child = Child(
         "bare-kafka-steady",
         {
@@ -344,7 +345,7 @@ async def steady_bare_kafka(environment: Environment, *, tick: float = 0.0) -> N
             "topic": topic,
             "rate": arguments.steady_rate,
             "seconds": seconds,
-            "group": max(1, round(arguments.steady_rate * tick)),
+            "group": group,
         },
     )
     await child.start()
@@ -360,7 +361,6 @@ async def steady_bare_kafka(environment: Environment, *, tick: float = 0.0) -> N
         else "broker not measured (not a local tansu process)"
     )
     if tick:
-        group = max(1, round(arguments.steady_rate * tick))
         print(
             f"- bare producer, the messages of every {tick * 1000:g} ms produced together "
             f"({group} at a time, {result['rows']:,} messages, {result['delivered']:,} "
