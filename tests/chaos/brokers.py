@@ -3,8 +3,10 @@ optional fault proxy in front of it, and reading back everything it got."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -32,6 +34,23 @@ def start_kafka_behind_proxy(loop: LoopThread) -> tuple[Proxy, EmbeddedKafka, in
     broker = EmbeddedKafka(advertised_port=port).start()
     proxy.upstream = ("127.0.0.1", broker.port)
     return proxy, broker, port
+
+
+@contextlib.contextmanager
+def kafka_topic_behind_proxy(
+    loop: LoopThread, prefix: str, partitions: int
+) -> Iterator[tuple[Proxy, EmbeddedKafka, str, str]]:
+    """``start_kafka_behind_proxy`` with a new topic of ``partitions`` on it: (proxy, broker,
+    bootstrap through the proxy, topic); the proxy is closed and the broker stopped after."""
+    proxy, broker, port = start_kafka_behind_proxy(loop)
+    try:
+        bootstrap = f"127.0.0.1:{port}"
+        topic = unique(prefix)
+        create_topics(bootstrap, [topic], partitions=partitions)
+        yield proxy, broker, bootstrap, topic
+    finally:
+        loop.run(proxy.close())
+        broker.stop()
 
 
 class KafkaTarget:

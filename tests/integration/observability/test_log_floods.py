@@ -30,7 +30,7 @@ from relayer import Outbox, OutboxMessage
 from relayer.embedded import EmbeddedKafka, free_port
 from relayer.settings import StoreSettings
 from tests.acceptance.cli import command, environment
-from tests.chaos.brokers import start_kafka_behind_proxy
+from tests.chaos.brokers import kafka_topic_behind_proxy
 from tests.chaos.proxy import LoopThread, Proxy
 from tests.contract.brokers import create_topics, unique
 
@@ -170,15 +170,8 @@ def loop() -> Iterator[LoopThread]:
 def kafka_behind_proxy(loop: LoopThread) -> Iterator[tuple[Proxy, EmbeddedKafka, str, str]]:
     """A tansu broker of this test's own, advertised through a proxy; (proxy, broker,
     bootstrap, topic)."""
-    proxy, broker, port = start_kafka_behind_proxy(loop)
-    bootstrap = f"127.0.0.1:{port}"
-    topic = unique("floods")
-    create_topics(bootstrap, [topic], partitions=4)
-    try:
-        yield proxy, broker, bootstrap, topic
-    finally:
-        loop.run(proxy.close())
-        broker.stop()
+    with kafka_topic_behind_proxy(loop, "floods", partitions=4) as running:
+        yield running
 
 
 def test_an_unreachable_bootstrap_server_prints_a_few_lines_before_its_error(

@@ -17,9 +17,9 @@ import pytest
 
 from relayer.transports.base import OutboundBatch, TransportUnavailableError
 from relayer.transports.kafka import KafkaTransport
-from tests.chaos.brokers import start_kafka_behind_proxy
+from tests.chaos.brokers import kafka_topic_behind_proxy
 from tests.chaos.proxy import LoopThread, Proxy
-from tests.contract.brokers import consume_kafka, create_topics, unique
+from tests.contract.brokers import consume_kafka
 
 
 @pytest.fixture
@@ -27,15 +27,10 @@ def kafka_behind_proxy() -> Iterator[tuple[LoopThread, Proxy, str, str]]:
     """A tansu broker of this test's own, advertised through a proxy; (loop, proxy,
     bootstrap, topic of one partition)."""
     loop = LoopThread()
-    proxy, broker, port = start_kafka_behind_proxy(loop)
-    bootstrap = f"127.0.0.1:{port}"
-    topic = unique("dupseq")
-    create_topics(bootstrap, [topic], partitions=1)
     try:
-        yield loop, proxy, bootstrap, topic
+        with kafka_topic_behind_proxy(loop, "dupseq", partitions=1) as (proxy, _, bootstrap, topic):
+            yield loop, proxy, bootstrap, topic
     finally:
-        loop.run(proxy.close())
-        broker.stop()
         loop.close()
 
 
