@@ -26,9 +26,9 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from bench.common import machine, postgres, scratch_schema, server_version
-from relayer import schema
 from relayer.dashboard import reads
 from relayer.dashboard.sampler import COUNT_CAP, PARKED_CAP, StoreSampler
+from relayer.operations import schema
 from relayer.settings import StoreSettings, store_settings
 from relayer.sql import queries_for
 

@@ -27,7 +27,6 @@ import psycopg
 
 from bench.common import machine, postgres, scratch_schema, server_version
 from bench.cpu import is_local_postgres, process_seconds
-from relayer import schema
 from relayer.dispatch import (
     ClaimRequest,
     Job,
@@ -41,6 +40,7 @@ from relayer.dispatch import (
     Weighted,
     WorkerGroup,
 )
+from relayer.operations import schema
 from relayer.settings import StoreSettings, store_settings
 
 BACKLOG = 10**9

@@ -280,7 +280,7 @@ def worker(options: dict[str, Any]) -> None:
     in a process set up as ``relayer run`` sets up its own (logging, collector settings), its
     transports wrapped by SampledAckClock."""
     from relayer.cli.run_command import _tune_collector
-    from relayer.logs import configure
+    from relayer.observability.logs import configure
     from relayer.settings import load_settings
     from relayer.transports.registry import create_transports
     from relayer.worker import Worker

@@ -52,7 +52,7 @@ from bench.efficiency_processes import WorkerProcess
 from relayer import Outbox, OutboxMessage
 from relayer.dispatch.control import QueueControl
 from relayer.embedded import free_port
-from relayer.schema import apply
+from relayer.operations.schema import apply
 from relayer.settings import StoreSettings, store_settings
 
 TABLE_PREFIX = "outbox_"

@@ -34,8 +34,9 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` imp
 import psycopg
 
 from bench.common import machine, postgres, scratch_schema, server_version
-from relayer import Outbox, OutboxMessage, schema
+from relayer import Outbox, OutboxMessage
 from relayer.lanes import UNORDERED_LANE
+from relayer.operations import schema
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
 from relayer.store import RelayStore
 from relayer.transports.base import Transport

@@ -24,7 +24,8 @@ import psycopg
 from psycopg import sql
 
 from bench.common import machine, postgres, scratch_schema, server_version
-from relayer import Outbox, OutboxMessage, schema
+from relayer import Outbox, OutboxMessage
+from relayer.operations import schema
 from relayer.settings import StoreSettings, store_settings
 
 BODY = b"x" * 200

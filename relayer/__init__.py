@@ -3,7 +3,6 @@
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from relayer.after_commit import BackgroundDispatcher, UnorderedDispatcher
     from relayer.errors import (
         ConfigurationError,
         InvalidMessageError,
@@ -13,17 +12,18 @@ if TYPE_CHECKING:
         StoreError,
         TransportError,
     )
-    from relayer.ids import uuid7
     from relayer.inbox import Claim, Inbox, Outcome
     from relayer.lanes import fnv1a_32, lane_for
     from relayer.settings import RelayerSettings, StoreSettings, TransportSettings, load_settings
-    from relayer.writer import Outbox, OutboxMessage
+    from relayer.writer.after_commit import BackgroundDispatcher, UnorderedDispatcher
+    from relayer.writer.ids import uuid7
+    from relayer.writer.outbox import Outbox, OutboxMessage
 
 # The public names, imported on first use (PEP 562): ``relayer --version`` or ``import
 # relayer.errors`` need not load psycopg, pydantic and the relay.
 _LAZY = {
-    "BackgroundDispatcher": "relayer.after_commit",
-    "UnorderedDispatcher": "relayer.after_commit",
+    "BackgroundDispatcher": "relayer.writer.after_commit",
+    "UnorderedDispatcher": "relayer.writer.after_commit",
     "ConfigurationError": "relayer.errors",
     "InvalidMessageError": "relayer.errors",
     "LaneCountMismatchError": "relayer.errors",
@@ -31,7 +31,7 @@ _LAZY = {
     "SchemaNotAppliedError": "relayer.errors",
     "StoreError": "relayer.errors",
     "TransportError": "relayer.errors",
-    "uuid7": "relayer.ids",
+    "uuid7": "relayer.writer.ids",
     "Claim": "relayer.inbox",
     "Inbox": "relayer.inbox",
     "Outcome": "relayer.inbox",
@@ -41,8 +41,8 @@ _LAZY = {
     "StoreSettings": "relayer.settings",
     "TransportSettings": "relayer.settings",
     "load_settings": "relayer.settings",
-    "Outbox": "relayer.writer",
-    "OutboxMessage": "relayer.writer",
+    "Outbox": "relayer.writer.outbox",
+    "OutboxMessage": "relayer.writer.outbox",
 }
 
 

@@ -20,14 +20,14 @@ from typing import Any
 
 from psycopg import sql
 
-from relayer import schema
 from relayer.connection import connect
 from relayer.errors import RelayerError
 from relayer.lanes import lane_for
+from relayer.operations import schema
+from relayer.operations.status import read_status
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
-from relayer.status import read_status
 from relayer.worker import Worker
-from relayer.writer import Outbox, OutboxMessage
+from relayer.writer.outbox import Outbox, OutboxMessage
 
 DEMO_SCHEMA = "relayer_demo"
 Say = Callable[[str], None]

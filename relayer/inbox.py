@@ -31,12 +31,16 @@ from uuid import UUID
 import psycopg
 
 from relayer.errors import InvalidMessageError, SchemaNotAppliedError
-from relayer.pooling import caller_prepare
-from relayer.sequences import sequence_of
+from relayer.pooler import caller_prepare
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.transactions import async_connection, require_transaction, sync_connection
 from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQUENCE_HEADER
+from relayer.writer.sequences import sequence_of
+from relayer.writer.transactions import (
+    async_connection,
+    require_transaction,
+    sync_connection,
+)
 
 MAX_CONSUMER_NAME = 200
 _SYNC_NAMES = "claim / claim_message"

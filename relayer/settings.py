@@ -41,7 +41,7 @@ from relayer.environment import check_environment
 from relayer.errors import ConfigurationError, Shown
 from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
 from relayer.lanes import MAX_LANES
-from relayer.pooling import Pooler, check_pooler, dsn_sets_options, same_pool
+from relayer.pooler import Pooler, check_pooler, dsn_sets_options, same_pool
 from relayer.redact import MASK, is_secret_name, redact, redact_mapping
 
 STORE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
@@ -135,7 +135,7 @@ class StoreSettings(BaseModel):
 
     name: str = "default"
     dsn: str | None = Field(default=None, repr=False)
-    # A pooler in front of dsn (relayer.pooling): "transaction" keeps no session state.
+    # A pooler in front of dsn (relayer.pooler): "transaction" keeps no session state.
     pooler: Annotated[Pooler, BeforeValidator(check_pooler)] = "none"
     # Where LISTEN runs (a direct connection or a session-mode pool), and where the schema
     # commands connect; both default to dsn (LISTEN: not through a transaction pooler).

@@ -3,7 +3,7 @@
 Writer: ``with_trace_context`` adds the W3C ``traceparent`` (and ``tracestate``) of the active
 span to a message's headers, unless the caller set them. It imports nothing: if the application
 never imported ``opentelemetry.trace``, no span can be active and the headers pass unchanged.
-``current_trace_ids`` is the same look-up for log lines (relayer.logs).
+``current_trace_ids`` is the same look-up for log lines (relayer.observability.logs).
 
 Relay: ``relay_tracer`` returns None without the extra or without a configured provider, and the
 relay then does no tracing work at all. Otherwise each lane batch gets one ``relayer batch`` span

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relayer import schema
+from relayer.operations import schema
 from relayer.settings import StoreSettings, store_settings
 from tests.pgbouncer import PgBouncer, find_pgbouncer
 from tests.services import find_rabbitmq, start_kafka, start_postgres, started, unavailable

@@ -35,7 +35,7 @@ from relayer.cli.common import (
     resolve_environment,
 )
 from relayer.errors import ConfigurationError, RelayerError, SchemaNotAppliedError, UsageError
-from relayer.logs import configure, scrub
+from relayer.observability.logs import configure, scrub
 
 COMMANDS = (
     schema_command,

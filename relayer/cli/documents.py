@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the commands import these when they run; the parser need not
     from relayer.dispatch.control import QueueStatus
-    from relayer.health import StoreHealth
-    from relayer.parked import ParkedKey
-    from relayer.schema import Drift
-    from relayer.status import StoreStatus, StoreSummary
+    from relayer.operations.health import StoreHealth
+    from relayer.operations.parked import ParkedKey
+    from relayer.operations.schema import Drift
+    from relayer.operations.status import StoreStatus, StoreSummary
 
 Document = dict[str, Any]
 

@@ -11,7 +11,7 @@ from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
 from relayer.errors import UsageError
 
 if TYPE_CHECKING:  # imported when the command runs, not by every command's parser
-    from relayer.parked import KeyChange
+    from relayer.operations.parked import KeyChange
     from relayer.settings import StoreSettings
 
 
@@ -38,8 +38,8 @@ def register(commands: Any) -> None:
 
 
 async def _list(context: Context) -> int:
-    from relayer import parked
     from relayer.connection import connect
+    from relayer.operations import parked
 
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="parked") as conn:
@@ -65,8 +65,8 @@ async def _list(context: Context) -> int:
 
 
 async def _redrive(context: Context) -> int:
-    from relayer import parked
     from relayer.connection import connect
+    from relayer.operations import parked
 
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="parked") as conn:
@@ -77,8 +77,8 @@ async def _redrive(context: Context) -> int:
 
 
 async def _drop(context: Context) -> int:
-    from relayer import parked
     from relayer.connection import connect
+    from relayer.operations import parked
 
     store = context.store(context.arguments.store)
     if context.arguments.key is None and not context.arguments.yes:

@@ -28,7 +28,7 @@ from relayer.cli.common import (
 from relayer.cli.processes import STOP_MARGIN, Supervisor, child_command, stop_with_supervisor
 from relayer.errors import UsageError
 from relayer.fleet.templates import TemplateSettings
-from relayer.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES
+from relayer.observability.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES
 
 if TYPE_CHECKING:  # the worker is imported when it runs, not by every command's parser
     from relayer.settings import StoreSettings
@@ -252,7 +252,7 @@ async def _serve_metrics(
     the backlog gauges until ``stop``."""
     if arguments.metrics_port is None:
         return None
-    from relayer.metrics import WorkerMetrics
+    from relayer.observability.metrics import WorkerMetrics
 
     metrics = WorkerMetrics(
         worker, interval=arguments.metrics_interval, top_lanes=arguments.metrics_top_lanes

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from relayer import schema
 from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
 from relayer.connection import connect
-from relayer.grants import KINDS, render
+from relayer.operations import schema
+from relayer.operations.grants import KINDS, render
 
 
 def register(commands: Any) -> None:

@@ -12,9 +12,9 @@ from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context, positive_seconds
 from relayer.errors import UsageError
 
 if TYPE_CHECKING:  # imported when the command runs, not by every command's parser
-    from relayer.health import StoreHealth
+    from relayer.operations.health import StoreHealth
+    from relayer.operations.status import StoreStatus, StoreSummary
     from relayer.settings import StoreSettings
-    from relayer.status import StoreStatus, StoreSummary
 
 
 def register(commands: Any) -> None:
@@ -55,7 +55,7 @@ async def _status(context: Context) -> int:
     if arguments.store is None:
         raise UsageError("give the store to show, or --all for every configured store")
     from relayer.connection import connect
-    from relayer.status import read_status
+    from relayer.operations.status import read_status
 
     store = context.store(arguments.store)
     async with await connect(store, purpose="status") as conn:
@@ -77,7 +77,7 @@ async def fleet_stores(context: Context) -> tuple[list[StoreSettings], list[Stor
     """The stores ``status --all`` reads: every configured store and every store a template's
     source lists now; and a line for each source that cannot be read or row that breaks a
     rule (the command still reports the others)."""
-    from relayer.status import fleet_stores as read_fleet_stores
+    from relayer.operations.status import fleet_stores as read_fleet_stores
 
     settings = context.settings
     if not settings.stores and not settings.templates:
@@ -92,7 +92,7 @@ async def fleet_stores(context: Context) -> tuple[list[StoreSettings], list[Stor
 
 
 async def _status_all(context: Context, checking: bool) -> int:
-    from relayer.status import read_summaries
+    from relayer.operations.status import read_summaries
 
     max_lag = context.arguments.max_lag
     stores, unread = await fleet_stores(context)

@@ -2,9 +2,9 @@
 the audit trail's source.
 
 A single key's redrive or drop carries the head id and attempts the operator saw
-(:class:`relayer.parked.Guard`); a bulk run over every key matching a filter reads keyset pages
-of ``BULK_BATCH`` keys as of the moment it started, applies each key with the guard of the page
-it read, reports progress and can be cancelled between keys.
+(:class:`relayer.operations.parked.Guard`); a bulk run over every key matching a filter reads
+keyset pages of ``BULK_BATCH`` keys as of the moment it started, applies each key with the
+guard of the page it read, reports progress and can be cancelled between keys.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from relayer import parked
 from relayer.dashboard.reads import ParkedFilter, parked_page
 from relayer.dispatch.control import QueueControl, check_limit, require_dispatch_schema
+from relayer.operations import parked
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 

@@ -41,8 +41,8 @@ from relayer.dashboard.sampler import Snapshot
 from relayer.dashboard.security import Access, SecurityHeaders, Viewer
 from relayer.dashboard.stores import OPEN_STORES, StoreContext, Stores
 from relayer.fleet.templates import TemplateSettings
+from relayer.operations.status import StoreSummary, read_summaries
 from relayer.settings import StoreSettings
-from relayer.status import StoreSummary, read_summaries
 
 STREAM_TIMEOUT = 15.0  # a stream with no new snapshot re-checks its client this often
 VIEWS = ("overview", "lanes", "parked", "queues", "health", "audit")

@@ -11,13 +11,13 @@ from uuid import UUID
 
 import psycopg
 
-from relayer import schema
 from relayer.dashboard.lanes import STALLED
 from relayer.dashboard.sampler import COUNT_CAP, Capped, Snapshot
 from relayer.dispatch.control import QueueControl, QueueEvent, QueueStatus, queue_lock_key
 from relayer.dispatch.policies import ALL_QUEUES
-from relayer.health import StoreHealth, read_health
 from relayer.identifiers import TABLE_SUFFIXES
+from relayer.operations import schema
+from relayer.operations.health import StoreHealth, read_health
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for

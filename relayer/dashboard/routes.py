@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from relayer import parked
 from relayer.cli.queue_command import parse_limit
 from relayer.dashboard import actions, reads
 from relayer.dashboard.app import VIEWS, Dashboard, StoreContext
 from relayer.dashboard.security import SESSION_COOKIE, SESSION_SECONDS
 from relayer.errors import ConfigurationError, RelayerError
+from relayer.operations import parked
 from relayer.redact import redact
 
 logger = logging.getLogger(__name__)

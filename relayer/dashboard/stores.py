@@ -25,8 +25,8 @@ from relayer.dashboard import reads
 from relayer.dashboard.sampler import StoreSampler
 from relayer.fleet.sources import DiscoveryError
 from relayer.fleet.templates import TemplateSettings
+from relayer.operations.status import TemplateListing, list_template
 from relayer.settings import StoreSettings
-from relayer.status import TemplateListing, list_template
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from relayer.errors import DispatchError
-from relayer.throttle import ThrottledLog
+from relayer.observability.throttle import ThrottledLog
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from relayer.dispatch.policies import ALL_QUEUES, InvalidDispatchError, check_qu
 from relayer.errors import ConfigurationError, DispatchError, SchemaNotAppliedError
 from relayer.identifiers import StoreNames
 from relayer.lanes import fnv1a_32
+from relayer.operations.schema import read_meta, verify_meta
 from relayer.redact import redact
-from relayer.schema import read_meta, verify_meta
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 

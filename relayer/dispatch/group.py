@@ -42,7 +42,7 @@ from relayer.dispatch.policies import (
 from relayer.dispatch.queue import Job, JobSource, KeyT
 from relayer.dispatch.telemetry import PassReport, QueueTelemetry, snapshot
 from relayer.errors import DispatchError, UsageError
-from relayer.throttle import ThrottledLog
+from relayer.observability.throttle import ThrottledLog
 
 logger = logging.getLogger(__name__)
 

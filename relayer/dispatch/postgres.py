@@ -56,11 +56,11 @@ from relayer.dispatch.control import (
 )
 from relayer.dispatch.dispatcher import Connector, DispatcherConnection
 from relayer.errors import DispatchError, RelayerError
+from relayer.observability.throttle import ThrottledLog, shape
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store import wire
 from relayer.store.driver import hang_up
-from relayer.throttle import ThrottledLog, shape
 
 logger = logging.getLogger(__name__)
 

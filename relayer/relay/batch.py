@@ -23,10 +23,10 @@ from uuid import uuid4
 
 from relayer.destinations import DestinationCache, PreparationError
 from relayer.errors import FencedWriteError, StoreError
+from relayer.observability.throttle import ThrottledLog, shape
 from relayer.relay.pipeline import IN_FLIGHT, UNSENT, BatchSender, SendReport
 from relayer.settings import StoreSettings
 from relayer.store import Connection, LaneHead, LaneRows, RelayStore, RowFailure
-from relayer.throttle import ThrottledLog, shape
 from relayer.transports.base import Transport
 
 if TYPE_CHECKING:

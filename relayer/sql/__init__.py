@@ -8,7 +8,7 @@ Built-in functions and catalog relations are written qualified (``pg_catalog.now
 ``pg_catalog.pg_locks``) so that no schema placed ahead of ``pg_catalog`` in a role's or
 database's search_path can stand in for them; the writer's statements, which run under the
 application's search_path, qualify their types and operators as well. Migrations run with the
-search_path pinned (``relayer.schema.PIN_SEARCH_PATH``) instead.
+search_path pinned (``relayer.operations.schema.PIN_SEARCH_PATH``) instead.
 """
 
 from __future__ import annotations

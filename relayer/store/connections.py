@@ -18,7 +18,7 @@ from typing import Protocol
 from psycopg_pool import AsyncConnectionPool
 
 from relayer.connection import connect, connection_kwargs
-from relayer.pooling import idle_timeout_setting
+from relayer.pooler import idle_timeout_setting
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import (
@@ -36,7 +36,7 @@ Settings = Mapping[str, str]
 
 def unordered_settings(store: StoreSettings) -> Settings:
     """The server settings of transactions that hold claimed rows while they publish: ended
-    by the server past three quarters of a lease idle (relayer.pooling.idle_timeout), so the
+    by the server past three quarters of a lease idle (relayer.pooler.idle_timeout), so the
     rows of a silently partitioned sender are not locked for hours."""
     return {"idle_in_transaction_session_timeout": idle_timeout_setting(store.lease_duration)}
 

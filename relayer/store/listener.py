@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from relayer.connection import connect
 from relayer.errors import StoreError
+from relayer.observability.throttle import ThrottledLog, shape
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import DRIVER_ERRORS, Connection, hang_up, store_error
-from relayer.throttle import ThrottledLog, shape
 
 logger = logging.getLogger(__name__)
 

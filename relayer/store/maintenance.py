@@ -1,5 +1,5 @@
-"""The statements of a store's maintenance (relayer.maintenance): retention passes under a task
-lock, dropping keys that waited too long for an operator, and the table health check.
+"""The statements of a store's maintenance (relayer.worker.maintenance): retention passes under
+a task lock, dropping keys that waited too long for an operator, and the table health check.
 
 Statements live in ``relayer/sql/maintenance.sql`` and ``inbox.sql``; each method runs its own
 transaction(s) on ``conn`` (autocommit off) and raises StoreError for driver errors.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from relayer.health import StoreHealth, read_health, read_health_and_retention
+from relayer.operations.health import StoreHealth, read_health, read_health_and_retention
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import Connection, translated
@@ -80,7 +80,7 @@ class MaintenanceStore:
         return DroppedKey(int(count), head, int(attempts), error, float(waited))
 
     async def health(self, conn: Connection) -> StoreHealth:
-        """The table health (relayer.health), read in a transaction rolled back after."""
+        """The table health (relayer.operations.health), read in a transaction rolled back after."""
         with translated(self.store, "read the table health"):
             try:
                 return await read_health(conn, self.store)

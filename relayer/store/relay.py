@@ -17,8 +17,8 @@ from uuid import UUID
 
 import psycopg
 
-from relayer import schema
 from relayer.errors import FencedWriteError
+from relayer.operations import schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store import wire
@@ -133,7 +133,7 @@ class RelayStore:
 
     async def prepare(self, conn: Connection) -> None:
         """Before serving the store: refuse a missing, old or drifted schema or another lane
-        count (relayer.schema), and make sure every lane has its lease row."""
+        count (relayer.operations.schema), and make sure every lane has its lease row."""
         with translated(self.store, "check the schema"):
             await schema.require_meta(conn, self.store)
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})

@@ -1,4 +1,5 @@
-"""The statements of unordered sending (relayer.unordered): claim, settle, end the transaction.
+"""The statements of unordered sending (relayer.relay.unordered): claim, settle, end the
+transaction.
 
 Statements live in ``relayer/sql/unordered.sql``. Claimed rows come back as the messages a
 transport sends; driver errors come back as StoreError.

@@ -29,7 +29,7 @@ import pytest
 from relayer.settings import StoreSettings, store_settings
 from relayer.testing.drain import Drained, drain, drain_async, routes, run_sync
 from relayer.testing.transport import RecordingTransport
-from relayer.writer import Outbox
+from relayer.writer.outbox import Outbox
 
 DSN_VARIABLE = "RELAYER_TEST_DSN"
 _schemas = itertools.count()
@@ -101,7 +101,7 @@ def relayer_store(
     relayer_dsn: str, relayer_store_options: dict[str, Any]
 ) -> Iterator[StoreSettings]:
     """A store with its schema applied in a PostgreSQL schema of its own (dropped afterwards)."""
-    from relayer import schema
+    from relayer.operations import schema
 
     values: dict[str, Any] = {
         "name": "default",

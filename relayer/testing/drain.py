@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 from relayer.connection import connect
 from relayer.relay import LaneRelay, Scan
+from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore
 from relayer.transports.base import Transport
-from relayer.unordered import UnorderedSender
 
 MEMBER = "relayer-testing"
 # Lanes per batch transaction (the worker's coalescer serves as many together).

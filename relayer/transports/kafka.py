@@ -11,7 +11,8 @@ error that says so, not a topic silently created with the broker's defaults.
 Relayer's own options: ``close_timeout`` and ``metadata_timeout`` (seconds).
 
 librdkafka's errors and log lines are logged under the transport's path
-(``stores.<store>.transports.<name>``), at most once per cause per interval (relayer.throttle);
+(``stores.<store>.transports.<name>``), at most once per cause per interval
+(relayer.observability.throttle);
 the warning that ``enable.gapless.guarantee`` is experimental is dropped (relayer sets it on
 purpose) and connection failures are logged once, from the error callback.
 
@@ -35,8 +36,8 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relayer.errors import TransportError
+from relayer.observability.throttle import ThrottledLog
 from relayer.redact import redact, redact_mapping
-from relayer.throttle import ThrottledLog
 from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,

@@ -3,7 +3,8 @@
 librdkafka reports a broker that cannot be reached twice (a ``FAIL`` log line and the same text
 through the error callback) and again at every reconnect attempt, many times a second. Here
 each line names the transport's path (``stores.<store>.transports.<name>``), goes out at most
-once per facility and interval (relayer.throttle), and lines nobody can act on are dropped.
+once per facility and interval (relayer.observability.throttle), and lines nobody can act on are
+dropped.
 
 This module does not import confluent_kafka: errors are matched by their code's number.
 """
@@ -14,8 +15,8 @@ import logging
 import re
 from typing import Any
 
+from relayer.observability.throttle import ThrottledLog
 from relayer.redact import redact
-from relayer.throttle import ThrottledLog
 
 _LOGGER = logging.getLogger("relayer.transports.kafka.librdkafka")
 # librdkafka's thread tag at the start of each line: "[thrd:app]: ", "[thrd:host:9092/1]: ".

@@ -14,9 +14,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relayer import LaneCountMismatchError, Outbox, SchemaNotAppliedError, schema
+from relayer import LaneCountMismatchError, Outbox, SchemaNotAppliedError
 from relayer.errors import SchemaDriftError
-from relayer.schema import latest_version
+from relayer.operations import schema
+from relayer.operations.schema import latest_version
 from relayer.settings import StoreSettings
 from relayer.worker import Worker
 from tests.acceptance.cli import environment

@@ -11,7 +11,7 @@ import psycopg
 
 from relayer import Outbox
 from relayer.errors import StoreError
-from relayer.membership import Membership
+from relayer.relay.membership import Membership
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store import RelayStore
 from relayer.store.databases import Database, Databases

@@ -16,8 +16,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relayer import Outbox, OutboxMessage, schema
+from relayer import Outbox, OutboxMessage
 from relayer.errors import UsageError
+from relayer.operations import schema
 from relayer.settings import StoreSettings
 from tests.conftest import make_store, with_database
 

@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 
 from relayer import Outbox, OutboxMessage
-from relayer.grants import Kind, render
+from relayer.operations.grants import Kind, render
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker

@@ -4,8 +4,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relayer import schema
 from relayer.errors import LaneCountMismatchError, SchemaNotAppliedError
+from relayer.operations import schema
 from relayer.settings import StoreSettings
 from tests.conftest import apply_schema, make_store
 

@@ -12,14 +12,14 @@ import psycopg
 import pytest
 
 from relayer.errors import StoreError
-from relayer.maintenance import Maintenance, Task, cleanup
-from relayer.membership import Membership
 from relayer.relay import Prober
+from relayer.relay.membership import Membership
+from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore, Session, StorePool, UnorderedStore, listen
 from relayer.transports.memory import MemoryTransport
-from relayer.unordered import UnorderedSender
 from relayer.worker import Worker
+from relayer.worker.maintenance import Maintenance, Task, cleanup
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import pending, write
 

@@ -14,15 +14,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "relayer"
 GATEWAY_USERS = sorted(
     [
         *(PACKAGE / "relay").glob("*.py"),
-        PACKAGE / "worker.py",
-        PACKAGE / "membership.py",
-        PACKAGE / "unordered.py",
-        PACKAGE / "maintenance.py",
+        *(PACKAGE / "worker").glob("*.py"),
     ]
 )
 # after_commit.py reads the status of the application's own connection (psycopg.pq), but sends
 # through the gateway too: it catches no driver error either.
-CATCHING_NO_DRIVER_ERROR = [*GATEWAY_USERS, PACKAGE / "after_commit.py"]
+CATCHING_NO_DRIVER_ERROR = [*GATEWAY_USERS, PACKAGE / "writer" / "after_commit.py"]
 DRIVER_MODULES = ("psycopg", "psycopg_pool")
 # What running a statement or a transaction looks like on a psycopg connection or cursor.
 DATABASE_CALLS = {

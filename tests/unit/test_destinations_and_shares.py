@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relayer.destinations import CAPACITY, DestinationCache, PreparationError
-from relayer.membership import share
+from relayer.relay.membership import share
 from relayer.transports.memory import MemoryTransport
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from relayer.errors import InvalidMessageError
 from relayer.inbox import Claim, Outcome, delivery_of
-from relayer.sequences import SEQUENCE_HEADER, sequence_of, stamped_json
 from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, OutgoingMessage
+from relayer.writer.sequences import SEQUENCE_HEADER, sequence_of, stamped_json
 
 MESSAGE_ID = uuid.uuid4()
 

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from relayer.logs import JsonFormatter, RedactingFilter, TextFormatter, configure, scrub
+from relayer.observability.logs import (
+    JsonFormatter,
+    RedactingFilter,
+    TextFormatter,
+    configure,
+    scrub,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = ("pg-secret-1", "sasl-secret-2", "token-secret-3")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from relayer.maintenance import Maintenance, Task, cleanup_lane
 from relayer.settings import store_settings
+from relayer.worker.maintenance import Maintenance, Task, cleanup_lane
 
 
 def maintenance(leading: list[bool], session: Any = None) -> Maintenance:

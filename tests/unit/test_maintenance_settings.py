@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relayer.after_commit import PendingIds
 from relayer.dispatch import Strict, Weighted
-from relayer.health import StoreHealth, TableHealth, warnings_of
+from relayer.operations.health import StoreHealth, TableHealth, warnings_of
 from relayer.settings import WorkerSettings, store_settings
 from relayer.worker import Worker
+from relayer.writer.after_commit import PendingIds
 from tests.unit.test_settings import error_of
 
 

@@ -7,10 +7,10 @@ from uuid import UUID
 
 import pytest
 
-from relayer.ids import uuid7_time_ms
-from relayer.metrics import LATENCY_BUCKETS, SUM_SAMPLE, Histogram
+from relayer.observability.metrics import LATENCY_BUCKETS, SUM_SAMPLE, Histogram
 from relayer.relay import Scan, ScanResult
 from relayer.worker import StoreStats
+from relayer.writer.ids import uuid7_time_ms
 
 
 def uuid_at(ms: int, tail: int) -> UUID:

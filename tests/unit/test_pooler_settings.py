@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from relayer.errors import ConfigurationError
-from relayer.pooling import caller_prepare, idle_timeout, idle_timeout_setting, same_pool
+from relayer.pooler import caller_prepare, idle_timeout, idle_timeout_setting, same_pool
 from relayer.settings import load_settings, store_settings
 from relayer.store import batch_settings, can_listen, local_settings
 

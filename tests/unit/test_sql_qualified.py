@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from relayer import schema
+from relayer.operations import schema
 from relayer.settings import StoreSettings
 from relayer.sql import raw_queries
 

@@ -1,4 +1,5 @@
-"""relayer.throttle: one line per cause per interval, with the count of what was held back."""
+"""relayer.observability.throttle: one line per cause per interval, with the count of what was
+held back."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import sys
 
 import pytest
 
-from relayer.logs import RedactingFilter, TextFormatter
-from relayer.throttle import ForeignLogFilter, ThrottledLog, shape
+from relayer.observability.logs import RedactingFilter, TextFormatter
+from relayer.observability.throttle import ForeignLogFilter, ThrottledLog, shape
 
 
 class Clock:
@@ -164,7 +165,7 @@ def test_a_message_with_line_breaks_is_logged_on_one_line() -> None:
 
 
 def test_the_cli_handler_limits_foreign_lines() -> None:
-    from relayer.logs import configure
+    from relayer.observability.logs import configure
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level

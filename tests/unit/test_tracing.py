@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags, TraceState
 
-from relayer.logs import JsonFormatter
+from relayer.observability.logs import JsonFormatter
 from relayer.relay import Scan, ScanResult
 from relayer.tracing import current_trace_ids, relay_tracer, with_trace_context
 

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from relayer import parked
 from relayer.dashboard import Access, create_app, parse_token
+from relayer.operations import parked
 from relayer.settings import StoreSettings
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import park

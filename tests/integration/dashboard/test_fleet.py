@@ -104,7 +104,7 @@ async def test_the_fleet_page_lists_the_template_stores_worst_first(
 
 
 async def _listed(template: TemplateSettings) -> list[Any]:
-    from relayer.status import list_template
+    from relayer.operations.status import list_template
 
     return list((await list_template(template)).stores)
 

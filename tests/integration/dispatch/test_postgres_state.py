@@ -6,7 +6,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from relayer import schema
 from relayer.dispatch import (
     ClaimRequest,
     GateState,
@@ -20,6 +19,7 @@ from relayer.dispatch import (
 )
 from relayer.dispatch.control import queue_lock_key
 from relayer.errors import ConfigurationError, DispatchError, SchemaNotAppliedError
+from relayer.operations import schema
 from relayer.settings import StoreSettings
 from tests.conftest import make_store
 from tests.integration.dispatch.helpers import (

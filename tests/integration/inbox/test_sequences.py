@@ -12,8 +12,8 @@ import pytest
 
 from relayer import Outbox, OutboxMessage
 from relayer.errors import InvalidMessageError
-from relayer.sequences import SEQUENCE_HEADER
 from relayer.settings import StoreSettings
+from relayer.writer.sequences import SEQUENCE_HEADER
 from tests.conftest import apply_schema, make_store
 from tests.integration.inbox.test_claims import backend_waits
 

@@ -11,9 +11,9 @@ import psycopg
 
 from relayer import Outbox, OutboxMessage
 from relayer.cli.status_command import render
-from relayer.health import DEAD_ROWS_WARNING, StoreHealth, read_health
+from relayer.operations.health import DEAD_ROWS_WARNING, StoreHealth, read_health
+from relayer.operations.status import read_status
 from relayer.settings import StoreSettings
-from relayer.status import read_status
 
 
 async def health_of(store: StoreSettings) -> StoreHealth:

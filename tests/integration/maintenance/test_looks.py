@@ -8,10 +8,10 @@ import asyncio
 import psycopg
 
 from relayer import Outbox, OutboxMessage
-from relayer.health import read_health_and_retention
-from relayer.maintenance import Task, maintenance_queue
+from relayer.operations.health import read_health_and_retention
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.worker import Worker
+from relayer.worker.maintenance import Task, maintenance_queue
 from tests.integration.maintenance.test_retention import claim_messages, execute
 from tests.integration.unordered.helpers import backdate, memory_store, run_worker_until
 

@@ -12,8 +12,8 @@ import pytest
 
 from relayer import Outbox, OutboxMessage
 from relayer.inbox import Inbox
-from relayer.maintenance import CleanupReport, Task, _task_lock_key, cleanup
 from relayer.settings import StoreSettings
+from relayer.worker.maintenance import CleanupReport, Task, _task_lock_key, cleanup
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import keys_in_lane
 from tests.integration.unordered.helpers import run_worker_until
@@ -101,7 +101,7 @@ async def test_parked_keys_are_kept_unless_parked_retention_is_set(
     retrying_rows = park(store, retrying, retrying=True, waited="3 hours")
     assert (await run_cleanup(store)).parked_keys == 0  # off by default
     store = make_store(pg_dsn, parked_retention="2h")
-    with caplog.at_level(logging.WARNING, logger="relayer.maintenance"):
+    with caplog.at_level(logging.WARNING, logger="relayer.worker.maintenance"):
         report = await run_cleanup(store)
     assert (report.parked_keys, report.parked_rows) == (1, 2)
     parked = {row[0] for row in execute(store, "SELECT ordering_key FROM {p}parked")}

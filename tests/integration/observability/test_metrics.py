@@ -14,7 +14,7 @@ import pytest
 
 from relayer.dispatch.control import QueueControl
 from relayer.embedded import free_port
-from relayer.metrics import WorkerMetrics
+from relayer.observability.metrics import WorkerMetrics
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker

@@ -17,8 +17,8 @@ import pytest
 
 from relayer import lane_for
 from relayer.dispatch.control import QueueControl
-from relayer.metrics import DEFAULT_TOP_LANES, RENDER_THREAD, WorkerMetrics, exporter
-from relayer.metrics.snapshot import WorkerSnapshot
+from relayer.observability.metrics import DEFAULT_TOP_LANES, RENDER_THREAD, WorkerMetrics, exporter
+from relayer.observability.metrics.snapshot import WorkerSnapshot
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker

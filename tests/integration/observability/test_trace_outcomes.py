@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from relayer import Outbox, OutboxMessage
-from relayer.logs import JsonFormatter
+from relayer.observability.logs import JsonFormatter
 from relayer.relay import LaneRelay, Scan, ScanResult
 from relayer.settings import StoreSettings
 from relayer.tracing import relay_tracer

@@ -7,8 +7,8 @@ from __future__ import annotations
 import psycopg
 
 from relayer import Outbox, OutboxMessage
-from relayer.after_commit import UnorderedDispatcher
 from relayer.transports.memory import MemoryTransport
+from relayer.writer.after_commit import UnorderedDispatcher
 from tests.integration.pgbouncer.helpers import pooled
 from tests.integration.relay.helpers import pending
 from tests.integration.unordered.helpers import backdate, memory_store, run_worker_until

@@ -10,8 +10,8 @@ from dataclasses import asdict
 import psycopg
 
 from relayer.cli.status_command import render
+from relayer.operations.status import StoreStatus, read_status
 from relayer.settings import StoreSettings, WorkerSettings
-from relayer.status import StoreStatus, read_status
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker
 from tests.conftest import apply_schema, make_store

@@ -9,7 +9,7 @@ from uuid import uuid4
 
 import psycopg
 
-from relayer.membership import Membership
+from relayer.relay.membership import Membership
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore
 from tests.conftest import apply_schema, make_store

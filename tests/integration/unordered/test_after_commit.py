@@ -15,10 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from relayer import Outbox, OutboxMessage
-from relayer.after_commit import BackgroundDispatcher, UnorderedDispatcher
 from relayer.errors import UsageError
 from relayer.settings import StoreSettings
 from relayer.transports.memory import MemoryTransport
+from relayer.writer.after_commit import BackgroundDispatcher, UnorderedDispatcher
 from tests.integration.unordered.helpers import memory_store, rows
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 
 from relayer import Outbox, OutboxMessage
-from relayer.after_commit import UnorderedDispatcher
 from relayer.settings import StoreSettings
 from relayer.transports.base import MESSAGE_ID_HEADER
+from relayer.writer.after_commit import UnorderedDispatcher
 from tests.conftest import apply_schema, make_store
 from tests.contract.brokers import consume_kafka, consume_rabbitmq, create_topics, unique
 from tests.integration.unordered.helpers import backdate, rows, run_worker_until

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from relayer import Outbox, OutboxMessage
+from relayer.relay.unordered import UnorderedResult, UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.transports.memory import MemoryTransport
-from relayer.unordered import UnorderedResult, UnorderedSender
 from tests.integration.unordered.helpers import backdate, memory_store, rows
 
 

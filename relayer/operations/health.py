@@ -65,7 +65,7 @@ async def read_health_and_retention(
     conn: psycopg.AsyncConnection[Any], store: StoreSettings
 ) -> tuple[StoreHealth, bool]:
     """The health of ``store``'s tables, and whether a retention setting has rows to delete
-    (relayer.maintenance.cleanup would delete some), in one read-only statement (it reads the
+    (relayer.worker.maintenance.cleanup would delete some), in one read-only statement (it reads the
     inbox, sequence and parked tables too: the relay's role)."""
     return await _read(conn, store, with_retention=True)
 

@@ -12,12 +12,12 @@ import psycopg
 
 from relayer.connection import connect
 from relayer.errors import ConfigurationError, RelayerError
-from relayer.health import StoreHealth, read_health
 from relayer.lanes import UNORDERED_LANE
-from relayer.membership import share
-from relayer.parked import ParkedKey, read_parked
+from relayer.operations.health import StoreHealth, read_health
+from relayer.operations.parked import ParkedKey, read_parked
+from relayer.operations.schema import require_schema
 from relayer.redact import redact
-from relayer.schema import require_schema
+from relayer.relay.membership import share
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 

@@ -44,7 +44,7 @@ def reserve_sync(
     prepare: bool | None = None,
 ) -> dict[str, int]:
     """Reserve numbers for ``keys`` (one per occurrence; None is skipped): key -> first.
-    ``prepare`` is psycopg's (relayer.pooling.caller_prepare)."""
+    ``prepare`` is psycopg's (relayer.pooler.caller_prepare)."""
     counts = _counts(keys)
     if not counts["keys"]:
         return {}

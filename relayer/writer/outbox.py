@@ -21,16 +21,20 @@ from psycopg.adapt import Dumper, PyFormat
 from psycopg.pq import Format
 
 from relayer.errors import InvalidMessageError, Shown
-from relayer.ids import uuid7, uuid7_block, uuid7_iter
 from relayer.lanes import UNORDERED_LANE, lane_for
-from relayer.pooling import caller_prepare
-from relayer.schema import StoreMeta, verify_meta
-from relayer.sequences import reserve_async, reserve_sync, stamped_json
+from relayer.operations.schema import StoreMeta, verify_meta
+from relayer.pooler import caller_prepare
 from relayer.settings import RelayerSettings, StoreSettings
 from relayer.sql import queries_for
 from relayer.tracing import with_trace_context
-from relayer.transactions import async_connection, require_transaction, sync_connection
 from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQUENCE_HEADER
+from relayer.writer.ids import uuid7, uuid7_block, uuid7_iter
+from relayer.writer.sequences import reserve_async, reserve_sync, stamped_json
+from relayer.writer.transactions import (
+    async_connection,
+    require_transaction,
+    sync_connection,
+)
 
 MAX_KEY_BYTES = 1024
 MAX_DESTINATION_BYTES = 1024
@@ -125,7 +129,8 @@ class Outbox:
         self._meta: StoreMeta | None = None
         self._meta_lock = threading.Lock()
         # Told (conn, ids) after unordered rows were inserted through conn, so that an
-        # after-commit dispatcher (relayer.unordered) can send them once the transaction commits.
+        # after-commit dispatcher (relayer.relay.unordered) can send them once the transaction
+        # commits.
         self.on_unordered: Callable[[Any, list[UUID]], None] | None = None
 
     @classmethod

@@ -21,10 +21,10 @@ import uuid
 from collections.abc import Callable
 
 from relayer.errors import StoreError
+from relayer.observability.throttle import ThrottledLog
 from relayer.settings import StoreSettings
 from relayer.store import Connect, RelayStore, Session
 from relayer.store.housekeeping import Housekeeping, next_tick
-from relayer.throttle import ThrottledLog
 
 logger = logging.getLogger(__name__)
 

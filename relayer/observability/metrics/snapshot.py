@@ -4,8 +4,8 @@ The worker's counters, histograms and membership change on the event loop; a thr
 them as they change could see a histogram's buckets and count from different batches, or a
 dictionary that grew during iteration. Taking the copy costs O(stores + queues + detail lanes),
 tens of microseconds, whatever the lane count: the backlog is already summarised (see
-relayer.metrics.backlog). Rendering it to text, the part whose cost grows with the number of
-series, then runs on a thread of its own (relayer.metrics.exporter).
+relayer.observability.metrics.backlog). Rendering it to text, the part whose cost grows with the
+number of series, then runs on a thread of its own (relayer.observability.metrics.exporter).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relayer.dispatch.telemetry import QueueTelemetry
-from relayer.metrics.backlog import Backlog, LaneBacklog, owned_now
-from relayer.metrics.histogram import Histogram
+from relayer.observability.metrics.backlog import Backlog, LaneBacklog, owned_now
+from relayer.observability.metrics.histogram import Histogram
 from relayer.relay import Scan
 
 if TYPE_CHECKING:

@@ -4,8 +4,8 @@ Each store a worker serves gets a second queue, ``<store>:maintenance``, next to
 queue, with one job per :class:`Task`:
 
 - ``RECOVER_UNORDERED`` (every worker): send unordered rows the application did not send within
-  ``unordered_grace`` (``relayer.unordered``); again at once after a full batch. Several workers
-  recover in parallel: claims skip each other's rows.
+  ``unordered_grace`` (``relayer.relay.unordered``); again at once after a full batch. Several
+  workers recover in parallel: claims skip each other's rows.
 - ``CLEANUP`` (only the worker that owns the store's cleanup lane, :func:`cleanup_lane`, so one
   per cluster; the stores of a fleet spread over the workers): apply the retention settings
   (``cleanup``); again at once while a table has more than one pass deletes.
@@ -35,13 +35,13 @@ from enum import IntEnum
 
 from relayer.dispatch import MemoryQueue
 from relayer.errors import StoreError
-from relayer.health import StoreHealth
 from relayer.lanes import fnv1a_32
+from relayer.observability.throttle import ThrottledLog, shape
+from relayer.operations.health import StoreHealth
+from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.store import Connection, MaintenanceStore, Session, Transactions, UnorderedStore
-from relayer.throttle import ThrottledLog, shape
 from relayer.transports.base import Transport
-from relayer.unordered import UnorderedSender
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Direct dispatch of unordered rows right after the application's transaction commits.
 
-An :class:`UnorderedDispatcher` attaches to an :class:`~relayer.writer.Outbox`: from then on,
+An :class:`UnorderedDispatcher` attaches to an :class:`~relayer.writer.outbox.Outbox`: from then on,
 every unordered row the outbox writes is remembered under the connection (or SQLAlchemy
 session) it was written through. After the commit, the application asks for them to be sent:
 
@@ -34,12 +34,12 @@ from uuid import UUID
 from psycopg.pq import TransactionStatus
 
 from relayer.errors import StoreError, UsageError
+from relayer.observability.throttle import ThrottledLog
+from relayer.relay.unordered import UnorderedResult, UnorderedSender
 from relayer.store import StorePool, unordered_settings
-from relayer.throttle import ThrottledLog
-from relayer.transactions import transaction_owner, transaction_status
 from relayer.transports.base import Transport
-from relayer.unordered import UnorderedResult, UnorderedSender
-from relayer.writer import Outbox
+from relayer.writer.outbox import Outbox
+from relayer.writer.transactions import transaction_owner, transaction_status
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The relay's two histograms: plain bucket arrays, updated once per batch on the event loop.
 
 No prometheus_client on the hot path: ``WorkerMetrics`` copies the buckets into its snapshot
-when Prometheus scrapes (relayer.metrics.snapshot).
+when Prometheus scrapes (relayer.observability.metrics.snapshot).
 """
 
 from __future__ import annotations

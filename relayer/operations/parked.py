@@ -20,7 +20,7 @@ from uuid import UUID
 import psycopg
 
 from relayer.dispatch.control import default_actor
-from relayer.schema import require_schema
+from relayer.operations.schema import require_schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 

@@ -4,7 +4,7 @@ Library modules only call ``logging.getLogger(__name__)`` with lazy arguments an
 extras; only the CLI (or the embedding application) configures handlers. The structured fields
 are a small vocabulary: ``action``, ``store``, ``lane``, ``batch``, ``member``, ``queue``,
 ``key``, ``rows``, ``error``, ``suppressed`` (lines of the same cause held back, see
-relayer.throttle); docs/observability.md lists every ``action`` value. An embedding
+relayer.observability.throttle); docs/observability.md lists every ``action`` value. An embedding
 application can reuse ``RedactingFilter`` and ``JsonFormatter`` on its own handlers.
 """
 
@@ -17,8 +17,8 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
+from relayer.observability.throttle import ForeignLogFilter
 from relayer.redact import MASK, is_secret_name, redact
-from relayer.throttle import ForeignLogFilter
 from relayer.tracing import current_trace_ids
 
 FIELDS = (

@@ -14,9 +14,14 @@ Modules: ``histogram`` (bucket arrays), ``backlog`` (what waits), ``snapshot`` (
 
 from __future__ import annotations
 
-from relayer.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES, Backlog, LaneBacklog
-from relayer.metrics.exporter import RENDER_THREAD, WorkerMetrics, require_prometheus
-from relayer.metrics.histogram import (
+from relayer.observability.metrics.backlog import (
+    DEFAULT_TOP_LANES,
+    MAX_TOP_LANES,
+    Backlog,
+    LaneBacklog,
+)
+from relayer.observability.metrics.exporter import RENDER_THREAD, WorkerMetrics, require_prometheus
+from relayer.observability.metrics.histogram import (
     BATCH_BUCKETS,
     LATENCY_BUCKETS,
     SUM_SAMPLE,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from relayer import __version__
-from relayer.metrics.snapshot import StoreSnapshot, WorkerSnapshot
+from relayer.observability.metrics.snapshot import StoreSnapshot, WorkerSnapshot
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

@@ -1,9 +1,9 @@
 """Sending unordered rows: claim, publish concurrently, settle the outcomes; one transaction.
 
 Rows without an ordering key carry no ordering promise. The application sends the ones it just
-committed (``relayer.after_commit``); the workers' maintenance sends whatever is left once it is
-older than ``unordered_grace`` (an application that died, a broker that was down). Both go
-through :class:`UnorderedSender`:
+committed (``relayer.writer.after_commit``); the workers' maintenance sends whatever is left
+once it is older than ``unordered_grace`` (an application that died, a broker that was down).
+Both go through :class:`UnorderedSender`:
 
 1. claim the rows with ``FOR UPDATE SKIP LOCKED``, so two senders never hold the same row and
    neither waits for the other (nor for any lane: unordered rows have no lane);
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 from relayer.errors import StoreError, TransportError
+from relayer.observability.throttle import ThrottledLog, shape
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.store import Claimed, Connection, Failure, UnorderedStore, abandon
-from relayer.throttle import ThrottledLog, shape
 from relayer.transports.base import SendError, Transport
 
 logger = logging.getLogger(__name__)

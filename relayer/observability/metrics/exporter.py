@@ -3,8 +3,8 @@
 The port speaks just enough HTTP/1.1 for Prometheus and probes: ``/metrics``, ``/healthz`` and
 ``/readyz``, one request per connection, answered on the worker's event loop.
 
-A scrape copies the worker's state on the event loop (relayer.metrics.snapshot: cheap and
-bounded) and renders the text on a thread of its own, so the event loop keeps relaying and
+A scrape copies the worker's state on the event loop (relayer.observability.metrics.snapshot:
+cheap and bounded) and renders the text on a thread of its own, so the event loop keeps relaying and
 answering ``/healthz`` while a scrape is produced. Before, the render ran on the loop and grew
 with the lane count: 0.67 s at 65,536 lanes, during which /healthz and the relay waited.
 """
@@ -21,11 +21,16 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from relayer.errors import RelayerError, StoreError, UsageError, install_command
-from relayer.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES, Backlog, read_backlog
-from relayer.metrics.families import build_info, worker_families
-from relayer.metrics.snapshot import WorkerSnapshot, take_snapshot
+from relayer.observability.metrics.backlog import (
+    DEFAULT_TOP_LANES,
+    MAX_TOP_LANES,
+    Backlog,
+    read_backlog,
+)
+from relayer.observability.metrics.families import build_info, worker_families
+from relayer.observability.metrics.snapshot import WorkerSnapshot, take_snapshot
+from relayer.observability.throttle import ThrottledLog, shape
 from relayer.redact import redact
-from relayer.throttle import ThrottledLog, shape
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

@@ -8,7 +8,7 @@ more due lanes of the store's queue (up to WIDE_BATCH_LANES) when they wait. The
 database share the worker's connections to it (relayer.store.databases): a housekeeping
 connection (heartbeats, probes), a LISTEN connection that turns writers' notifications into
 immediate scans (the poll interval is the fallback, and the only wake-up behind a transaction
-pooler without ``listen_dsn``: relayer.pooling), a dispatcher connection and a pool of batch
+pooler without ``listen_dsn``: relayer.pooler), a dispatcher connection and a pool of batch
 connections; every database's draw on one budget, ``worker.max_connections``.
 
     worker = Worker([store_settings], transports={"orders": {"kafka": transport}})
@@ -43,9 +43,12 @@ from relayer.dispatch.clock import MonotonicClock
 from relayer.dispatch.cluster import ClusterState
 from relayer.dispatch.dispatcher import DispatcherConnection
 from relayer.errors import ConfigurationError, ConnectionsBusy, StoreError, UsageError
-from relayer.maintenance import Maintenance, cleanup_lane, maintenance_queue
-from relayer.membership import Membership, new_instance_id
-from relayer.metrics import Histogram, batch_duration_histogram, write_to_ack_histogram
+from relayer.observability.metrics import (
+    Histogram,
+    batch_duration_histogram,
+    write_to_ack_histogram,
+)
+from relayer.observability.throttle import ThrottledLog, shape
 from relayer.relay import (
     BATCH_LANES,
     SPREAD_BATCH_LANES,
@@ -57,6 +60,7 @@ from relayer.relay import (
     ScanResult,
     WakeWindow,
 )
+from relayer.relay.membership import Membership, new_instance_id
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store import LaneHead, RelayStore
 from relayer.store.databases import (
@@ -67,10 +71,10 @@ from relayer.store.databases import (
     plan_connections,
 )
 from relayer.store.housekeeping import next_tick
-from relayer.throttle import ThrottledLog, shape
 from relayer.tracing import RelayTracer, relay_tracer
 from relayer.transports.base import Transport
 from relayer.transports.lifecycle import SharedTransports
+from relayer.worker.maintenance import Maintenance, cleanup_lane, maintenance_queue
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +111,7 @@ class StoreStats:
     scans: int = 0
     by_scan: dict[str, int] = field(default_factory=dict)
     last_error: str = ""
-    # Updated once per batch, exported by relayer.metrics when Prometheus scrapes.
+    # Updated once per batch, exported by relayer.observability.metrics when Prometheus scrapes.
     batch_seconds: Histogram = field(default_factory=batch_duration_histogram)
     write_to_ack_seconds: Histogram = field(default_factory=write_to_ack_histogram)
 
@@ -184,7 +188,7 @@ class StoreRuntime:
         self.statements = RelayStore(store)
         self.prober = Prober(self.statements, session=self.housekeeping)
         self.pool = database.pool.for_store(store)
-        # Unordered recovery and retention, in a queue of their own (relayer.maintenance).
+        # Unordered recovery and retention, in a queue of their own (relayer.worker.maintenance).
         leading = cleanup_lane(store)
         self.maintenance = Maintenance(
             store,

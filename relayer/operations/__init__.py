@@ -1,0 +1,8 @@
+"""Operations: what an operator reads and changes about a store, from the CLI or the dashboard.
+
+- ``status``: a store's cluster, lanes, parked keys and health, read in one go;
+- ``parked``: list, redrive and drop parked keys;
+- ``schema``: numbered migrations, apply and drift checks;
+- ``grants``: the least privileges of each role;
+- ``health``: the outbox table's health (dead tuples, vacuum, sizes).
+"""
