@@ -35,7 +35,8 @@ from psycopg import sql
 from bench.cpu import is_local_postgres, thread_seconds
 from bench.latency import AckClock
 from bench.transport_bare import messages
-from relayer.transports.base import OutgoingMessage, PerMessage, Transport
+from relayer.transports.base import OutgoingMessage, Transport
+from relayer.transports.routing import PerMessage
 
 KEYS = 10_000
 # The steady writer: processes (so that a busy machine's scheduler gives it enough CPU) and
@@ -309,7 +310,7 @@ def worker(options: dict[str, Any]) -> None:
     asyncio.run(serve())
     acked = {str(message_id): at for clock in wrapped.values() for message_id, at in clock.samples}
     published = sum(clock.seen for clock in wrapped.values())
-    stats = relay.runtimes[store.name].stats
+    stats = relay.stores[store.name].relay.stats
     batching = {
         "transactions": stats.batch_seconds.count,
         "lane_batches": stats.batches,

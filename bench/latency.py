@@ -37,10 +37,10 @@ from relayer.transports.base import (
     BatchPublisher,
     OutboundBatch,
     OutgoingMessage,
-    PerMessage,
     Transport,
 )
 from relayer.transports.memory import MemoryTransport
+from relayer.transports.routing import PerMessage
 from relayer.worker import Worker
 
 WRITERS = 4
@@ -53,7 +53,7 @@ class AckClock:
         self.inner = inner
         self.acked: dict[str, float] = {}
         # Asked once: the runtime protocol check costs several µs a batch, which the worker
-        # itself does not pay (relayer.relay.pipeline.publisher_of).
+        # itself does not pay (relayer.transports.routing.Routing.publisher).
         self.batches = isinstance(inner, BatchPublisher)
 
     @property
@@ -164,7 +164,7 @@ async def measure(
             committed.update(json.loads(text))
     stop.set()
     await task
-    stats = worker.runtimes[store.name].stats
+    stats = worker.stores[store.name].relay.stats
     warm_up = min(committed.values()) + 2.0
     latencies = sorted(
         (clock.acked[message_id] - at) * 1000

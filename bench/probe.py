@@ -27,7 +27,7 @@ import psycopg
 from bench.common import machine, postgres, scratch_schema, server_version
 from bench.relay import applied
 from relayer import Outbox, OutboxMessage, lane_for
-from relayer.relay import Prober
+from relayer.relay.probes import Prober
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
 from relayer.store import RelayStore
 from relayer.transports.memory import MemoryTransport
@@ -73,12 +73,12 @@ async def idle_worker(store: StoreSettings, seconds: float) -> tuple[float, int]
     task = asyncio.create_task(worker.run(stop))
     await worker.started.wait()
     await asyncio.sleep(3)  # the first probe and the busy lanes' scans
-    runtime = worker.runtimes[store.name]
+    runtime = worker.stores[store.name]
     before = resource.getrusage(resource.RUSAGE_SELF)
-    queries = runtime.prober.queries
+    queries = runtime.relay.prober.queries
     await asyncio.sleep(seconds)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    probes = runtime.prober.queries - queries
+    probes = runtime.relay.prober.queries - queries
     stop.set()
     await task
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime

@@ -4,11 +4,12 @@
 
 Kafka: confluent-kafka producing ``count`` 200-byte messages over ``keys`` keys with the same
 settings as KafkaTransport, then KafkaTransport driven the way the relay drives it
-(``publish_in_order`` over batches, several lanes at once). RabbitMQ: an aio-pika publisher
-with confirms and a window of outstanding publishes, then RabbitMQTransport through
-``publish_in_order`` (stop-and-wait within a key). Kafka is the embedded tansu broker unless
-``--kafka-bootstrap`` (or RELAYER_BENCH_KAFKA_BOOTSTRAP) names one; RabbitMQ is
-``--rabbitmq-url`` (default: the loopback server). Prints figures; asserts nothing.
+(the relay's own send pipeline, relayer.testing.pipeline, over batches of several lanes at
+once). RabbitMQ: an aio-pika publisher with confirms and a window of outstanding publishes,
+then RabbitMQTransport through the same pipeline (stop-and-wait within a key). Kafka is the
+embedded tansu broker unless ``--kafka-bootstrap`` (or RELAYER_BENCH_KAFKA_BOOTSTRAP) names
+one; RabbitMQ is ``--rabbitmq-url`` (default: the loopback server). Prints figures; asserts
+nothing.
 """
 
 from __future__ import annotations
@@ -16,18 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
+from relayer.testing.pipeline import relay_messages
 from relayer.transports.base import OutgoingMessage, Transport
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.contract.pacing import publish_in_order
 
 BODY = b"x" * 200
 
@@ -62,8 +59,8 @@ async def through_transport(
 
     async def lane(rows: list[OutgoingMessage]) -> None:
         for start in range(0, len(rows), batch_size):
-            outcomes = await publish_in_order(transport, rows[start : start + batch_size])
-            failed = [outcome for outcome in outcomes if outcome is not None]
+            outcomes = await relay_messages(transport, rows[start : start + batch_size])
+            failed = [sent for sent in outcomes if sent.outcome != "acked"]
             if failed:
                 raise RuntimeError(f"{len(failed)} messages failed, first: {failed[0]}")
 
@@ -148,7 +145,7 @@ async def kafka_transport(bootstrap: str, topic: str, batch: Sequence[OutgoingMe
     transport = KafkaTransport("bench", {"bootstrap.servers": bootstrap})
     await transport.start()
     try:
-        await publish_in_order(transport, messages(1, 1, topic))  # the ~0.5 s producer id
+        await relay_messages(transport, messages(1, 1, topic))  # the ~0.5 s producer id
         return await through_transport(transport, batch)
     finally:
         await transport.close()

@@ -203,7 +203,7 @@ class Fleet:
         # Tables other stores of this worker use (configured, or another template's).
         taken = {
             (r.store.dsn, r.store.db_schema, r.store.table_prefix): r.store.name
-            for r in self.worker.runtimes.values()
+            for r in self.worker.stores.values()
             if r.store.name not in self.served[template.name]
         }
         for row in rows:

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from relayer.observability.throttle import ForeignLogFilter
+from relayer.observability.tracing import current_trace_ids
 from relayer.redact import MASK, is_secret_name, redact
-from relayer.tracing import current_trace_ids
 
 FIELDS = (
     "action",

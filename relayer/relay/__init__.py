@@ -1,35 +1,18 @@
-"""The relay step: the ordered protocol of docs/protocol.md, one module per step.
+"""The relay: one store's ordered relay end to end (docs/protocol.md), a module per step.
 
-- ``scanning``: which owned lanes have a due head (read-only probes);
-- ``coalescing``: lanes asked for in the same event-loop turn are served together, and lanes
-  woken within one ``wake_linger`` share a batch;
-- ``batch``: the lane batch (lock, read, send, fenced outcomes, commit);
-- ``pipeline``: the send pipeline of one batch (per-row outcomes, per-key order).
+In the order the data flows:
+
+- ``runtime``: ``StoreRelay``, the parts of one store's relay put together, opened and closed;
+- ``membership``: heartbeats and this member's share of the lanes;
+- ``wakeups``: notifications, wake-up probes, the fallback poll and the wake_linger window;
+- ``schedule``: ``LaneSchedule``, the one owner of queued, known-due and held lanes;
+- ``scanner`` and ``probes``: one lane scan, probing unless its head is known due;
+- ``grouping``: coalesce, spread and widen lanes into batch transactions on connections;
+- ``batch``: ``LaneRelay``, one batch (lock, read, send, fenced outcome, commit);
+- ``pipeline``: ``BatchSender``, per-row outcomes with per-key order;
+- ``outcomes``: each scan's result counted, logged and handed back to the schedule;
+- ``results``, ``stats``, ``trace``: what a scan says, what the relay counts, its spans;
+- ``unordered``: ``UnorderedSender``, rows without an ordering key (claim, send, settle).
+
+Nothing here imports metrics, the dashboard or the worker: they read the relay.
 """
-
-from relayer.relay.batch import (
-    BATCH_LANES,
-    SPREAD_BATCH_LANES,
-    WIDE_BATCH_LANES,
-    LaneRelay,
-    Scan,
-    ScanResult,
-)
-from relayer.relay.coalescing import Coalescer, WakeWindow
-from relayer.relay.pipeline import BatchSender, SendReport, send_batch
-from relayer.relay.scanning import Prober
-
-__all__ = [
-    "BATCH_LANES",
-    "SPREAD_BATCH_LANES",
-    "WIDE_BATCH_LANES",
-    "BatchSender",
-    "Coalescer",
-    "LaneRelay",
-    "Prober",
-    "Scan",
-    "ScanResult",
-    "SendReport",
-    "WakeWindow",
-    "send_batch",
-]

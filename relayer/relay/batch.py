@@ -16,21 +16,17 @@ import logging
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING
 from uuid import uuid4
 
-from relayer.destinations import DestinationCache, PreparationError
+from relayer.deadlines import Deadlines
 from relayer.errors import FencedWriteError, StoreError
 from relayer.observability.throttle import ThrottledLog, shape
 from relayer.relay.pipeline import IN_FLIGHT, UNSENT, BatchSender, SendReport
+from relayer.relay.results import Scan, ScanResult
+from relayer.relay.trace import BatchTrace, RelayTracer
 from relayer.settings import StoreSettings
-from relayer.store import Connection, LaneHead, LaneRows, RelayStore, RowFailure
-from relayer.transports.base import Transport
-
-if TYPE_CHECKING:
-    from relayer.tracing import BatchTrace, RelayTracer
+from relayer.store import Connection, LaneRows, RelayStore, RowFailure
+from relayer.transports.routing import Routing
 
 logger = logging.getLogger(__name__)
 
@@ -47,42 +43,15 @@ WIDE_BATCH_LANES = 512
 SPREAD_BATCH_LANES = 128
 
 
-class Scan(Enum):
-    """How a lane scan ended; it decides when the lane is scanned next."""
-
-    SENT = "sent"  # made progress: scan again at once
-    EMPTY = "empty"  # nothing to send: poll_interval
-    FUTURE = "future"  # head is future-dated: at its due time (or poll_interval, earlier)
-    BUSY = "busy"  # another live owner holds the lane: at its expiry (or poll_interval)
-    UNAVAILABLE = "unavailable"  # the broker is unreachable or silent: retry_backoff
-    FAILED = "failed"  # database trouble: rolled back, retry_backoff
-    WAITING = "waiting"  # no connection free in the worker's budget: nothing tried, again soon
-    STOPPED = "stopped"  # the worker is stopping: nothing sent, not scanned again
-
-
-@dataclass(frozen=True, slots=True)
-class ScanResult:
-    lane: int
-    scan: Scan
-    next_in: float
-    sent: int = 0
-    failed: int = 0
-    gave_up: int = 0
-    cut_short: bool = False
-    detail: str = ""
-    acked: Sequence[str] = ()  # ids (UUID text) deleted by this batch, ascending
-
-
 class LaneRelay:
     """Runs lane batches of one store for one member."""
 
     def __init__(
         self,
         store: StoreSettings,
-        transports: Mapping[str, Transport],
+        routing: Routing,
         member: str,
         *,
-        destinations: DestinationCache | None = None,
         clock: Callable[[], float] = time.monotonic,
         observer: Callable[[int, bool], None] | None = None,
         tracer: RelayTracer | None = None,
@@ -94,19 +63,14 @@ class LaneRelay:
         self.db = RelayStore(store)
         # None unless OpenTelemetry is configured: then a span per batch and per sampled send.
         self.tracer = tracer
-        self.transports = dict(transports)
+        self.routing = routing
         self.member = member
-        self.destinations = destinations or DestinationCache()
         self.clock = clock
-        lease = store.lease_duration.total_seconds()
-        self.batch_deadline = lease / 2
-        self.admission = lease / 4
-        # Time kept back from the batch deadline for the outcome statement and the commit.
-        self.commit_reserve = lease / 8
+        self.deadlines = deadlines = Deadlines.of(store.lease_duration)
         self.poll = store.poll_interval.total_seconds()
         # After database or broker trouble (not a row's fault): retry soon, whatever the
         # parked keys' backoff is.
-        self.backoff = min(store.retry_backoff.total_seconds(), lease / 3)
+        self.backoff = min(store.retry_backoff.total_seconds(), deadlines.longest_retry)
         # While the database or a broker is down every lane fails alike: one line per cause.
         self.log = ThrottledLog(logger)
         # Set by stop(): no batch starts, and the batches sending now admit no new row.
@@ -120,44 +84,13 @@ class LaneRelay:
         for sender in self._senders:
             sender.stop_admitting()
 
-    def after_probe(self, head: LaneHead) -> ScanResult | None:
-        """The result of a scan the probe already decided, or None if the lane must be sent."""
-        if not head.has_head:
-            return ScanResult(head.lane, Scan.EMPTY, self.poll)
-        if head.lease_live and head.owner not in (None, self.member):
-            return ScanResult(head.lane, Scan.BUSY, min(max(head.lease_left, 0.01), self.poll))
-        if head.future:
-            return ScanResult(head.lane, Scan.FUTURE, min(max(head.due_in, 0.001), self.poll))
-        return None
-
-    def resolve(self, name: str | None) -> Transport:
-        """The transport rows naming ``name`` go to (None: the store's default)."""
-        name = name or self.store.default_transport
-        if name is None:
-            raise PreparationError(
-                f"the row names no transport and store {self.store.name!r} has no "
-                f"default_transport; set stores.{self.store.name}.default_transport, then "
-                "redrive the key"
-            )
-        transport = self.transports.get(name)
-        if transport is None:
-            known = ", ".join(repr(known) for known in self.transports) or "none"
-            raise PreparationError(
-                f"transport {name!r} is not configured for store {self.store.name!r} "
-                f"(configured: {known}); add [stores.{self.store.name}.transports.{name}] "
-                "and restart the workers, or drop the key"
-            )
-        return transport
-
     async def send_lanes(self, conn: Connection, lanes: Sequence[int]) -> list[ScanResult]:
         """One batch of ``lanes`` (distinct, sorted) in one transaction on ``conn`` (not in
         autocommit mode): a result per lane, in the same order. Never raises for database or
         broker trouble: each result says what happened and when to scan that lane again."""
         if self.tracer is None:
             return await self._send_lanes(conn, lanes, None)
-        with self.tracer.batch(
-            self.store.name, lanes, self.transports, self.store.default_transport
-        ) as trace:
+        with self.tracer.batch(self.store.name, lanes, self.routing) as trace:
             results = await self._send_lanes(conn, lanes, trace)
             trace.finish(results)
             return results
@@ -169,7 +102,7 @@ class LaneRelay:
             return [ScanResult(lane, Scan.STOPPED, 0.0) for lane in lanes]
         started = self.clock()
         try:
-            async with asyncio.timeout(self.batch_deadline):
+            async with asyncio.timeout(self.deadlines.batch):
                 return await self._batch(conn, lanes, started, trace)
         except TimeoutError as exc:
             await self.db.abandon(conn)
@@ -234,12 +167,44 @@ class LaneRelay:
         """Send the rows of the locked lanes, record the outcomes and commit; each lane's
         result. Lanes with nothing to send are left out of the outcome statement's work but
         stay fenced with the others (their lease rows are locked all the same)."""
+        results, sendable, ready_spans = self._ready(rows, tokens)
+        if not sendable:
+            await self.db.end_unchanged(conn)
+            return results
+        report = await self._publish(rows, sendable, started, trace)
+        acked, failed = report.outcomes(rows, sendable)
+        gave_up = await self._record(
+            conn, tokens, rows, report, acked=acked, failed=failed, trace=trace
+        )
+        all_acked = len(acked) == len(sendable)
+        for lane, span in ready_spans.items():
+            if all_acked:
+                results[lane] = self._all_acked(rows, lane, span, limit)
+            else:
+                results[lane] = self._lane_result(
+                    rows,
+                    lane,
+                    span,
+                    report,
+                    limit=limit,
+                    acked=acked,
+                    failed=failed,
+                    gave_up=gave_up,
+                )
+        return results
+
+    def _ready(
+        self, rows: LaneRows, tokens: Mapping[int, str]
+    ) -> tuple[dict[int, ScanResult], Sequence[int], dict[int, tuple[int, int, int]]]:
+        """Which rows of the locked lanes may be sent now (each lane's rows up to its first
+        future-dated one), each lane's span of them (lane -> (start, ready end, end)), and the
+        results of the lanes that have none (empty, or a future head)."""
         spans = _lane_spans(rows)
         results: dict[int, ScanResult] = {}
         future = rows.future
         any_future = any(future)
         sendable: list[int] | range = range(len(rows)) if not any_future else []
-        ready_spans: dict[int, tuple[int, int, int]] = {}  # lane -> (start, ready end, end)
+        ready_spans: dict[int, tuple[int, int, int]] = {}
         for lane in tokens:
             start, end = spans.get(lane, (0, 0))
             ready_end = end
@@ -255,16 +220,20 @@ class LaneRelay:
                 results[lane] = ScanResult(lane, scan, self.poll)
             else:
                 ready_spans[lane] = (start, ready_end, end)
-        if not sendable:
-            await self.db.end_unchanged(conn)
-            return results
+        return results, sendable, ready_spans
+
+    async def _publish(
+        self, rows: LaneRows, sendable: Sequence[int], started: float, trace: BatchTrace | None
+    ) -> SendReport:
+        """Hand the ``sendable`` rows to their transports (relayer.relay.pipeline) within the
+        batch's admission and acknowledgement deadlines."""
+        deadlines = self.deadlines
         sender = BatchSender(
             rows,
             sendable,
-            self.resolve,
-            self.destinations,
-            admit_until=started + self.admission,
-            wait_until=started + self.batch_deadline - self.commit_reserve,
+            self.routing,
+            admit_until=started + deadlines.admission,
+            wait_until=started + deadlines.batch - deadlines.commit_reserve,
             clock=self.clock,
             report=None if trace is None else trace.sending(rows, sendable),
         )
@@ -272,48 +241,44 @@ class LaneRelay:
             sender.stop_admitting()
         self._senders.add(sender)
         try:
-            report = await sender.run()
+            return await sender.run()
         finally:
             self._senders.discard(sender)
-        acked, failed = report.outcomes(rows, sendable)
+
+    async def _record(
+        self,
+        conn: Connection,
+        tokens: Mapping[int, str],
+        rows: LaneRows,
+        report: SendReport,
+        *,
+        acked: Sequence[int],
+        failed: Sequence[int],
+        trace: BatchTrace | None,
+    ) -> Sequence[int]:
+        """Delete the ``acked`` rows and park the keys of the ``failed`` ones in one fenced
+        statement sent with the COMMIT (or just end the transaction when there is neither);
+        the lane of each key that reached max_attempts. Raises FencedWriteError (nothing
+        committed) unless every lease held for every delete."""
         failures = [report.failure(rows, index) for index in failed]
-        gave_up: Sequence[int] = ()
-        if acked or failures:
-            ids = rows.batch.ids
-            lanes = rows.lanes
-            everything = len(acked) == len(rows)
-            # Raises FencedWriteError (nothing committed) unless every lease held for every
-            # delete.
-            outcomes = await self.db.record_outcomes(
-                conn,
-                member=self.member,
-                tokens=tokens,
-                acked=ids if everything else [ids[index] for index in acked],
-                acked_lanes=lanes if everything else [lanes[index] for index in acked],
-                failures=failures,
-            )
-            gave_up = outcomes.gave_up
-            if trace is not None:
-                trace.recorded(acked, failed, len(gave_up))
-            self._log_failures(rows, failures, gave_up)
-        else:
+        if not acked and not failures:
             await self.db.end_unchanged(conn)
-        all_acked = len(acked) == len(sendable)
-        for lane, (start, ready_end, end) in ready_spans.items():
-            if all_acked:
-                results[lane] = self._all_acked(rows, lane, (start, ready_end, end), limit)
-            else:
-                results[lane] = self._lane_result(
-                    rows,
-                    lane,
-                    (start, ready_end, end),
-                    report,
-                    limit=limit,
-                    acked=acked,
-                    failed=failed,
-                    gave_up=gave_up,
-                )
-        return results
+            return ()
+        ids = rows.batch.ids
+        lanes = rows.lanes
+        everything = len(acked) == len(rows)
+        outcomes = await self.db.record_outcomes(
+            conn,
+            member=self.member,
+            tokens=tokens,
+            acked=ids if everything else [ids[index] for index in acked],
+            acked_lanes=lanes if everything else [lanes[index] for index in acked],
+            failures=failures,
+        )
+        if trace is not None:
+            trace.recorded(acked, failed, len(outcomes.gave_up))
+        self._log_failures(rows, failures, outcomes.gave_up)
+        return outcomes.gave_up
 
     def _all_acked(
         self, rows: LaneRows, lane: int, span: tuple[int, int, int], limit: int

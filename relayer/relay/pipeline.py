@@ -10,12 +10,14 @@ stops its key for the rest of the batch; a transport that cannot be reached stop
 acknowledgements are awaited until ``wait_until``; whatever is still unresolved then is left
 alone (kept in the outbox and sent again later).
 
-When the relay traces (relayer.tracing), the report also times the sampled rows: when each was
-handed over and when it settled, so that their send spans can be made once the batch's outcome
-is known.
+The store's ``Routing`` names each row's transport and what it is handed to (transports without
+``publish_batch`` are driven through ``publish``, one awaitable per message), and ``classify``
+says what any error of a send or an acknowledgement means: the row's fault (its key stops here
+and is parked), the broker's (the transport's rows wait, no attempt counted) or a cancellation.
 
-Transports without ``publish_batch`` are driven through ``publish``, one awaitable per message
-(``PerMessage``).
+When the relay traces (relayer.relay.trace), the report also times the sampled rows: when each
+was handed over and when it settled, so that their send spans can be made once the batch's
+outcome is known.
 """
 
 from __future__ import annotations
@@ -23,21 +25,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import cast
 
-from relayer.destinations import DestinationCache, PreparationError
-from relayer.errors import TransportError
 from relayer.store import LaneRows, RowFailure
-from relayer.transports.base import BatchPublisher, PerMessage, SendError, Transport
+from relayer.transports.base import BatchPublisher, Transport
+from relayer.transports.routing import Fault, PreparationError, Routing, Verdict, classify
 
 # Row states (a bytearray per batch: one byte a row).
 UNSENT = 0
 IN_FLIGHT = 1
 ACKED = 2
 FAILED = 3
-
-# The transport of each distinct transport name of a batch, or why there is none.
-Resolve = Callable[[str | None], Transport]
 
 
 class SendReport:
@@ -100,26 +97,15 @@ class SendReport:
         return RowFailure(rows.lanes[index], rows.batch.ids[index], error, permanent)
 
 
-def publisher_of(transport: Transport) -> BatchPublisher:
-    """What the pipeline hands rows to: the transport itself if it publishes in batches.
-
-    A transport publishes in batches if it has ``publish_batch``. That is asked with
-    ``hasattr``, not ``isinstance`` against the runtime-checkable protocol: the protocol
-    check looks up every member each time, 4-9 µs a batch against 0.1 µs."""
-    if hasattr(transport, "publish_batch"):
-        return cast(BatchPublisher, transport)
-    return PerMessage(transport)
-
-
 class BatchSender:
-    """Publishes the rows ``indexes`` of one batch; see the module docstring for the rules."""
+    """Publishes the rows ``indexes`` of one batch through the store's ``routing``; see the
+    module docstring for the rules."""
 
     def __init__(
         self,
         rows: LaneRows,
         indexes: Sequence[int],
-        resolve: Resolve,
-        destinations: DestinationCache,
+        routing: Routing,
         *,
         admit_until: float,
         wait_until: float,
@@ -128,8 +114,7 @@ class BatchSender:
     ) -> None:
         self.rows = rows
         self.indexes = indexes
-        self.resolve = resolve
-        self.destinations = destinations
+        self.routing = routing
         self.admit_until = admit_until
         self.wait_until = wait_until
         self.clock = clock
@@ -138,20 +123,19 @@ class BatchSender:
         self._handed = 0
         self._settled = 0
         self._stopped_keys: set[str] = set()
-        # Transports found unreachable in this batch (-> their error and its type): their rows
-        # wait.
-        self._down: dict[str, tuple[str, str]] = {}
+        # Transports found unreachable in this batch (by name -> why): their rows wait.
+        self._down: dict[str, Verdict] = {}
         # Per transport name of this batch: the transport, or why its rows cannot be sent; what
         # its rows are handed to; whether some name could not be resolved.
-        self._transports: dict[str | None, Transport | str] = {}
+        self._transports: dict[str | None, Transport | Verdict] = {}
         self._publishers: dict[str | None, BatchPublisher] = {}
         self._unresolved = False
         # Row -> the next row of its key, published once the row is acknowledged.
         self._waiting: dict[int, int] = {}
         self._ready: list[int] = []
-        # Per (transport name, destination) not usable now: why, the error's type, and whether
-        # because its broker cannot be reached (then no attempt is counted).
-        self._unusable: dict[tuple[str | None, str], tuple[str, str, bool]] = {}
+        # Per (transport name, destination) not usable now: why (the broker's fault when its
+        # broker cannot be reached: then no attempt is counted).
+        self._unusable: dict[tuple[str | None, str], Verdict] = {}
         self._wake = asyncio.Event()
         self._closed = False
 
@@ -166,6 +150,11 @@ class BatchSender:
                     break  # everything handed over is settled and nothing more can go
                 if remaining <= 0 or (self._settled >= self._handed and not self._admitting()):
                     break
+                if self._ready and self._admitting():
+                    # Rows freed by acknowledgements settled during the publish itself (a
+                    # transport may settle within publish_batch): they go now, not after a wait
+                    # for a wake-up that already came.
+                    continue
                 # No settle can run between the checks above and this clear: only awaits
                 # yield to the event loop.
                 self._wake.clear()
@@ -203,15 +192,7 @@ class BatchSender:
             if whole
             else [rows.batch.destinations[index] for index in indexes]
         )
-        for name in set(names):
-            try:
-                resolved = self.resolve(name)
-            except PreparationError as exc:
-                self._transports[name] = str(exc)
-                self._unresolved = True
-                continue
-            self._transports[name] = resolved
-            self._publishers[name] = publisher_of(resolved)
+        self._resolve(set(names))
         single = len(self._transports) == 1
         pairs = (
             {(names[0], destination) for destination in set(destinations)}
@@ -219,38 +200,59 @@ class BatchSender:
             else set(zip(names, destinations, strict=True))
         )
         for name, destination in sorted(pairs, key=str):
-            transport = self._transports[name]
-            if isinstance(transport, str) or (transport.name, destination) in self.destinations:
-                continue
-            if transport.name in self._down:
-                self._unusable[(name, destination)] = (*self._down[transport.name], True)
-                continue
-            try:
-                await self.destinations.require_ordered(transport, destination)
-            except PreparationError as exc:
-                self._unusable[(name, destination)] = (str(exc), error_type(exc), False)
-            except TransportError as exc:  # its broker cannot be reached: not the rows' fault
-                self._down.setdefault(transport.name, (str(exc), error_type(exc)))
-                self._unusable[(name, destination)] = (str(exc), error_type(exc), True)
-            except Exception as exc:  # a plug-in's bug must park only these rows' keys
-                # (a TimeoutError here is the lookup's own, never the batch deadline: that
-                # reaches this as a cancellation)
-                text = f"{type(exc).__name__}: {exc}"
-                self._unusable[(name, destination)] = (text, error_type(exc), False)
+            await self._check_destination(name, destination)
         gapless = all(
-            not isinstance(transport, str) and transport.pipelines_within_key
+            not isinstance(transport, Verdict) and transport.pipelines_within_key
             for transport in self._transports.values()
         )
         if gapless and single and len(pairs) == 1:
             # The common case: one transport, one destination, gapless: every row goes now
             # (or, if that destination cannot be used, each key stops at its first row).
             self._ready = list(indexes)
+        else:
+            self._order_within_keys(gapless)
+
+    def _resolve(self, names: set[str | None]) -> None:
+        """The transport of each transport name of the batch, or why there is none."""
+        routing = self.routing
+        for name in names:
+            try:
+                transport = routing.transport(name)
+            except PreparationError as exc:
+                self._transports[name] = classify(exc)
+                self._unresolved = True
+                continue
+            self._transports[name] = transport
+            self._publishers[name] = routing.publisher(transport)
+
+    async def _check_destination(self, name: str | None, destination: str) -> None:
+        """Learn whether ``destination`` of transport ``name`` keeps per-key order (asked once
+        per store and remembered); if not, or if that cannot be told, why."""
+        transport = self._transports[name]
+        if isinstance(transport, Verdict):
             return
-        keys = rows.batch.keys
+        if (transport.name, destination) in self.routing.destinations:
+            return
+        if transport.name in self._down:
+            self._unusable[(name, destination)] = self._down[transport.name]
+            return
+        try:
+            await self.routing.require_ordered(transport, destination)
+        except Exception as exc:  # a plug-in's bug too: it must park only these rows' keys
+            # (a TimeoutError here is the lookup's own, never the batch deadline: that
+            # reaches this as a cancellation)
+            verdict = classify(exc)
+            if verdict.fault is Fault.BROKER:  # not the rows' fault
+                self._down.setdefault(transport.name, verdict)
+            self._unusable[(name, destination)] = verdict
+
+    def _order_within_keys(self, gapless: bool) -> None:
+        """Which rows go now (each key's first) and which wait for their key's previous one."""
+        keys = self.rows.batch.keys
         ready = self._ready
         waiting = self._waiting
         last_of_key: dict[str, int] = {}
-        for index in indexes:
+        for index in self.indexes:
             key = keys[index]
             previous = last_of_key.get(key)
             last_of_key[key] = index
@@ -263,7 +265,7 @@ class BatchSender:
         rows = self.rows
         transport = self._transports[rows.transports[index]]
         return (
-            not isinstance(transport, str)
+            not isinstance(transport, Verdict)
             and transport.pipelines_within_key
             and rows.transports[previous] == rows.transports[index]
             and rows.batch.destinations[previous] == rows.batch.destinations[index]
@@ -274,20 +276,19 @@ class BatchSender:
         its key stops here, failed or (broker unreachable) left unsent."""
         rows = self.rows
         transport = self._transports[rows.transports[index]]
-        if isinstance(transport, str):
-            self._fail(index, transport, _PREPARATION, permanent=False)
+        if isinstance(transport, Verdict):
+            self._fail(index, transport)
             return True
         if transport.name in self._down:
-            self._unavailable(index, *self._down[transport.name])
+            self._unavailable(index, self._down[transport.name])
             return True
-        reason = self._unusable.get((rows.transports[index], rows.batch.destinations[index]))
-        if reason is None:
+        verdict = self._unusable.get((rows.transports[index], rows.batch.destinations[index]))
+        if verdict is None:
             return False
-        error, kind, unreachable = reason
-        if unreachable:
-            self._unavailable(index, error, kind)
+        if verdict.fault is Fault.BROKER:
+            self._unavailable(index, verdict)
         else:
-            self._fail(index, error, kind, permanent=False)
+            self._fail(index, verdict)
         return True
 
     # -- publishing ------------------------------------------------------------------------
@@ -321,10 +322,9 @@ class BatchSender:
 
     async def _publish_to(self, name: str | None, indexes: list[int]) -> None:
         transport = self._transports[name]
-        assert not isinstance(transport, str)  # such rows were refused before
+        assert not isinstance(transport, Verdict)  # such rows were refused before
         keys = self.rows.batch.keys
         stopped = self._stopped_keys
-        publisher = self._publishers[name]
         while indexes:
             if stopped:
                 indexes = [index for index in indexes if keys[index] not in stopped]
@@ -332,31 +332,12 @@ class BatchSender:
                     return
             if transport.name in self._down:
                 for index in indexes:
-                    self._unavailable(index, *self._down[transport.name])
+                    self._unavailable(index, self._down[transport.name])
+                return
+            handed = await self._hand_over(name, transport, indexes)
+            if handed is None or handed >= len(indexes):
                 return
             states = self.report.states
-            for index in indexes:
-                states[index] = IN_FLIGHT
-            if self._timed is not None:
-                self._time(self.report.handed, indexes)
-            try:
-                handed = await publisher.publish_batch(
-                    self.rows.batch, indexes, self._settle, self._admitting
-                )
-            except SendError as exc:  # refused as a whole (a transport's own choice)
-                for index in indexes:
-                    self._fail(index, str(exc), error_type(exc), permanent=not exc.retryable)
-                return
-            except TransportError as exc:  # not about these rows: the client is unusable now
-                self._down.setdefault(transport.name, (str(exc), error_type(exc)))
-                for index in indexes:
-                    if states[index] == IN_FLIGHT:
-                        self._unavailable(index, str(exc), error_type(exc))
-                return
-            self._handed += handed
-            self.report.published += handed
-            if handed >= len(indexes):
-                return
             stopped_at = indexes[handed]
             if states[stopped_at] == IN_FLIGHT:
                 # Not settled: the call stopped there because admission ended while it waited.
@@ -371,6 +352,36 @@ class BatchSender:
             for index in indexes[handed + 1 :]:
                 states[index] = UNSENT
             indexes = indexes[handed + 1 :]
+
+    async def _hand_over(
+        self, name: str | None, transport: Transport, indexes: list[int]
+    ) -> int | None:
+        """One ``publish_batch`` call for ``indexes``: how many it handed over, or None if it
+        raised (then each of them is settled here, by ``classify``'s reading of the error)."""
+        states = self.report.states
+        for index in indexes:
+            states[index] = IN_FLIGHT
+        if self._timed is not None:
+            self._time(self.report.handed, indexes)
+        try:
+            handed = await self._publishers[name].publish_batch(
+                self.rows.batch, indexes, self._settle, self._admitting
+            )
+        except Exception as exc:  # raised for the call as a whole
+            verdict = classify(exc)
+            if verdict.fault is Fault.BROKER:  # the client is unusable now: not these rows'
+                self._down.setdefault(transport.name, verdict)
+                for index in indexes:
+                    if states[index] == IN_FLIGHT:
+                        self._unavailable(index, verdict)
+            else:  # refused as a whole (a transport's choice), or a plug-in's own bug
+                for index in indexes:
+                    if states[index] == IN_FLIGHT:
+                        self._fail(index, verdict)
+            return None
+        self._handed += handed
+        self.report.published += handed
+        return handed
 
     # -- outcomes (settle runs on the event loop, possibly during publish_batch) ---------------
 
@@ -395,38 +406,35 @@ class BatchSender:
             return
         self._settled += 1
         self._wake.set()
-        kind = error_type(error)
-        if isinstance(error, SendError):
-            self._fail(index, str(error), kind, permanent=not error.retryable)
-        elif isinstance(error, TransportError):
-            name = self.rows.transports[index]
-            transport = self._transports[name]
-            if not isinstance(transport, str):
-                self._down.setdefault(transport.name, (str(error), kind))
-            self._unavailable(index, str(error), kind)
-        elif isinstance(error, asyncio.CancelledError):
+        verdict = classify(error)
+        if verdict.fault is Fault.ROW:
+            self._fail(index, verdict)
+        elif verdict.fault is Fault.BROKER:
+            transport = self._transports[self.rows.transports[index]]
+            if not isinstance(transport, Verdict):
+                self._down.setdefault(transport.name, verdict)
+            self._unavailable(index, verdict)
+        else:  # abandoned (cancelled): unsent, and its key goes no further in this batch
             states[index] = UNSENT
             self._stopped_keys.add(self.rows.batch.keys[index])
-        else:
-            self._fail(index, f"{type(error).__name__}: {error}", kind, permanent=False)
 
-    def _fail(self, index: int, error: str, kind: str, *, permanent: bool) -> None:
+    def _fail(self, index: int, verdict: Verdict) -> None:
         report = self.report
         report.states[index] = FAILED
-        report.failures[index] = (error, permanent)
-        report.error_types[index] = kind
+        report.failures[index] = (verdict.text, verdict.permanent)
+        report.error_types[index] = verdict.kind
         self._stopped_keys.add(self.rows.batch.keys[index])
         if self._timed is not None and index not in report.settled:
             self._time(report.settled, (index,))
 
-    def _unavailable(self, index: int, error: str, kind: str) -> None:
+    def _unavailable(self, index: int, verdict: Verdict) -> None:
         """The row's transport cannot be used now: the row stays unsent (no attempt counted)
         and its key stops; the transport's other rows stop too (``_down``)."""
         report = self.report
         report.states[index] = UNSENT
         self._stopped_keys.add(self.rows.batch.keys[index])
-        report.down[index] = error
-        report.error_types[index] = kind
+        report.down[index] = verdict.text
+        report.error_types[index] = verdict.kind
         if self._timed is not None and index not in report.settled:
             self._time(report.settled, (index,))
 
@@ -438,44 +446,3 @@ class BatchSender:
         for index in indexes:
             if index in timed:
                 times[index] = now
-
-
-# The error type of a row whose transport name resolves to no transport.
-_PREPARATION = f"{PreparationError.__module__}.{PreparationError.__qualname__}"
-
-
-def error_type(error: BaseException) -> str:
-    """The qualified name of ``error``'s type (OpenTelemetry's ``error.type``); for a row
-    that cannot be sent as it is, its cause's (a missing topic's DestinationError, say)."""
-    if isinstance(error, PreparationError) and error.__cause__ is not None:
-        error = error.__cause__
-    kind = type(error)
-    if kind.__module__ == "builtins":
-        return kind.__qualname__
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
-async def send_batch(
-    rows: LaneRows,
-    indexes: Sequence[int],
-    resolve: Resolve,
-    destinations: DestinationCache,
-    *,
-    admit_until: float,
-    wait_until: float,
-    clock: Callable[[], float] = time.monotonic,
-    report: SendReport | None = None,
-) -> SendReport:
-    """Publish the rows ``indexes`` of ``rows`` (id order within each lane; a key lives in one
-    lane) and report the outcome of each (in ``report``, if given: a traced batch's)."""
-    sender = BatchSender(
-        rows,
-        indexes,
-        resolve,
-        destinations,
-        admit_until=admit_until,
-        wait_until=wait_until,
-        clock=clock,
-        report=report,
-    )
-    return await sender.run()

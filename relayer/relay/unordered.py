@@ -23,16 +23,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from relayer.errors import StoreError, TransportError
+from relayer.deadlines import Deadlines
+from relayer.errors import StoreError
 from relayer.observability.throttle import ThrottledLog, shape
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.store import Claimed, Connection, Failure, UnorderedStore, abandon
-from relayer.transports.base import SendError, Transport
+from relayer.transports.routing import Fault, Routing, Verdict, classify
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,10 @@ class UnorderedResult:
 
 
 @dataclass(slots=True)
-class _Report:
+class UnorderedReport:
+    """What became of the rows one pass published: the acknowledged ids, the failures (with
+    their errors), how many were neither in time, and why the broker could not be used."""
+
     acked: list[UUID] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     unresolved: int = 0
@@ -66,15 +70,16 @@ class _Report:
 
 
 class UnorderedSender:
-    """Sends batches of one store's unordered rows through ``transports`` (started ones)."""
+    """Sends batches of one store's unordered rows through its ``routing`` (started
+    transports)."""
 
-    def __init__(self, store: StoreSettings, transports: Mapping[str, Transport]) -> None:
+    def __init__(self, store: StoreSettings, routing: Routing) -> None:
         self.store = store
-        self.transports = dict(transports)
+        self.routing = routing
         self.db = UnorderedStore(store)
-        lease = store.lease_duration.total_seconds()
-        self.deadline = lease / 2
-        self.commit_reserve = lease / 8
+        deadlines = Deadlines.of(store.lease_duration)
+        self.deadline = deadlines.batch
+        self.commit_reserve = deadlines.commit_reserve
         # A broker or database that is down fails every pass alike: one line per cause.
         self.log = ThrottledLog(logger)
 
@@ -101,7 +106,7 @@ class UnorderedSender:
                     await self.db.end(conn)
                     return UnorderedResult()
                 wait_until = started + self.deadline - self.commit_reserve
-                report = await self._publish(messages, wait_until)
+                report = await self.publish(messages, wait_until)
                 sent, failed = await self._settle(conn, report)
         except (TimeoutError, StoreError) as exc:  # FencedWriteError is a StoreError
             await abandon(conn)
@@ -118,29 +123,28 @@ class UnorderedSender:
         self._log(report)
         return UnorderedResult(claimed, sent, failed, report.unresolved, report.unavailable)
 
-    async def _settle(self, conn: Connection, report: _Report) -> tuple[int, int]:
+    async def _settle(self, conn: Connection, report: UnorderedReport) -> tuple[int, int]:
         if not report.acked and not report.failures:
             await self.db.end(conn)
             return 0, 0
         return await self.db.settle(conn, report.acked, report.failures)
 
-    async def _publish(self, messages: Sequence[Claimed], wait_until: float) -> _Report:
-        report = _Report()
+    async def publish(self, messages: Sequence[Claimed], wait_until: float) -> UnorderedReport:
+        """Publish ``messages`` (each with the transport name its row names) at once and wait
+        for their acknowledgements until ``wait_until`` (time.monotonic()); what became of
+        each (a transport that cannot be used stops the pass: the rest stay unsent)."""
+        report = UnorderedReport()
         in_flight: dict[asyncio.Future[None], UUID] = {}
         for message, transport_name in messages:
-            transport = self._resolve(transport_name, message.id, report)
-            if transport is None:
-                continue
             try:
+                transport = self.routing.transport(transport_name)
                 acknowledgement = await transport.publish(message)
-            except SendError as exc:
-                report.failures.append(Failure(message.id, str(exc), not exc.retryable))
-                continue
-            except TransportError as exc:  # the client is unusable: not these rows' fault
-                report.unavailable = redact(str(exc))
-                break
-            except Exception as exc:  # a plug-in's bug fails this row only
-                report.failures.append(Failure(message.id, f"{type(exc).__name__}: {exc}"))
+            except Exception as exc:  # PreparationError, SendError, a plug-in's bug...
+                verdict = classify(exc)
+                if verdict.fault is not Fault.ROW:  # the client is unusable: not these rows'
+                    report.unavailable = redact(verdict.text)
+                    break
+                report.failures.append(_failure(message.id, verdict))
                 continue
             future: asyncio.Future[None] = asyncio.ensure_future(acknowledgement)
             # Left behind when the deadline strikes or the worker stops (the row is sent
@@ -153,35 +157,19 @@ class UnorderedSender:
         report.unresolved = len(late)
         for future in done:
             message_id = in_flight[future]
-            error = future.exception() if not future.cancelled() else TransportError("cancelled")
+            error = asyncio.CancelledError() if future.cancelled() else future.exception()
             if error is None:
                 report.acked.append(message_id)
-            elif isinstance(error, SendError):
-                report.failures.append(Failure(message_id, str(error), not error.retryable))
-            elif isinstance(error, TransportError):
+                continue
+            verdict = classify(error)
+            if verdict.fault is Fault.ROW:
+                report.failures.append(_failure(message_id, verdict))
+            else:  # its broker could not be used, or it was abandoned: no attempt counted
                 report.unresolved += 1
-                report.unavailable = report.unavailable or redact(str(error))
-            else:
-                report.failures.append(Failure(message_id, f"{type(error).__name__}: {error}"))
+                report.unavailable = report.unavailable or redact(verdict.text)
         return report
 
-    def _resolve(self, name: str | None, message_id: UUID, report: _Report) -> Transport | None:
-        name = name or self.store.default_transport
-        transport = self.transports.get(name) if name is not None else None
-        if transport is None:
-            known = ", ".join(repr(known) for known in self.transports) or "none"
-            report.failures.append(
-                Failure(
-                    message_id,
-                    f"transport {name!r} is not configured for store {self.store.name!r} "
-                    f"(configured: {known}); configure it (or default_transport) and the row is "
-                    "retried",
-                    permanent=True,
-                )
-            )
-        return transport
-
-    def _log(self, report: _Report) -> None:
+    def _log(self, report: UnorderedReport) -> None:
         if report.failures:
             self.log.warning(
                 ("unordered_failed", shape(report.failures[0].error)),
@@ -204,6 +192,10 @@ class UnorderedSender:
                 report.unavailable,
                 extra={"action": "unordered_unavailable", "store": self.store.name},
             )
+
+
+def _failure(message_id: UUID, verdict: Verdict) -> Failure:
+    return Failure(message_id, verdict.text, verdict.permanent)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:

@@ -17,11 +17,13 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from relayer.connection import connect
-from relayer.relay import LaneRelay, Scan
+from relayer.relay.batch import LaneRelay
+from relayer.relay.results import Scan, after_probe
 from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore
 from relayer.transports.base import Transport
+from relayer.transports.routing import Routing
 
 MEMBER = "relayer-testing"
 # Lanes per batch transaction (the worker's coalescer serves as many together).
@@ -60,12 +62,10 @@ async def drain_async(
 ) -> Drained:
     """Relay every due row of ``store`` through ``transport`` (started: see ``routes``); at
     most ``rounds`` rounds. Database trouble raises StoreError."""
-    transports = routes(store, transport)
-    relay = LaneRelay(store, transports, member)
+    routing = Routing(store, routes(store, transport))
+    relay = LaneRelay(store, routing, member)
     # Unordered rows are claimed at once, not after the grace the workers give the writers.
-    unordered = UnorderedSender(
-        store.model_copy(update={"unordered_grace": timedelta(0)}), transports
-    )
+    unordered = UnorderedSender(store.model_copy(update={"unordered_grace": timedelta(0)}), routing)
     database = RelayStore(store)
     sent = failed = 0
     errors: list[str] = []
@@ -77,7 +77,7 @@ async def drain_async(
         for _ in range(rounds):
             progress = False
             heads = await database.probe(probe, lanes)
-            due = [head.lane for head in heads if relay.after_probe(head) is None]
+            due = [head.lane for head in heads if after_probe(head, member, relay.poll) is None]
             for start in range(0, len(due), _LANES_PER_BATCH):
                 for result in await relay.send_lanes(batch, due[start : start + _LANES_PER_BATCH]):
                     sent += result.sent

@@ -25,7 +25,6 @@ is a fraction. Transports without it are driven through ``publish`` one message 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -203,46 +202,6 @@ class ClosesWithin(Protocol):
         ...
 
 
-class PerMessage:
-    """``publish_batch`` for a transport that only has ``publish``: one awaitable a message."""
-
-    def __init__(self, transport: Transport) -> None:
-        self.transport = transport
-
-    async def publish_batch(
-        self,
-        batch: OutboundBatch,
-        indexes: Sequence[int],
-        settle: Settle,
-        admitting: Callable[[], bool],
-    ) -> int:
-        for handed, index in enumerate(indexes):
-            if handed and not admitting():
-                return handed
-            try:
-                acknowledgement = await self.transport.publish(batch.message(index))
-            except TransportError as exc:
-                if isinstance(exc, SendError):
-                    settle(index, exc)
-                    return handed
-                raise
-            except Exception as exc:  # a plug-in's bug must park only this row's key
-                settle(index, exc)
-                return handed
-            future = (
-                acknowledgement
-                if isinstance(acknowledgement, asyncio.Future)
-                else asyncio.ensure_future(acknowledgement)
-            )
-            if future.done():
-                _settle_from(settle, index, future)
-                if future.cancelled() or future.exception() is not None:
-                    return handed  # failed at once: the caller stops its key first
-            else:
-                future.add_done_callback(functools.partial(_settle_from, settle, index))
-        return len(indexes)
-
-
 def fail_quietly(future: asyncio.Future[None], error: BaseException) -> None:
     """Fail ``future`` with ``error``, without asyncio's "Future exception was never retrieved"
     report should its caller have dropped it.
@@ -253,13 +212,6 @@ def fail_quietly(future: asyncio.Future[None], error: BaseException) -> None:
     """
     future.set_exception(error)
     future.exception()  # marks it retrieved
-
-
-def _settle_from(settle: Settle, index: int, future: asyncio.Future[None]) -> None:
-    if future.cancelled():
-        settle(index, asyncio.CancelledError())
-    else:
-        settle(index, future.exception())
 
 
 class TransportFactory(Protocol):

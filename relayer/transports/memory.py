@@ -28,12 +28,12 @@ from relayer.transports.base import (
     DestinationError,
     OutboundBatch,
     OutgoingMessage,
-    PerMessage,
     SendError,
     Settle,
     TransportUnavailableError,
 )
 from relayer.transports.options import Options
+from relayer.transports.routing import PerMessage
 
 _KNOWN_OPTIONS = "pipelines_within_key, unordered_destinations, unknown_destinations"
 

@@ -1,20 +1,11 @@
-"""The worker side: a process that serves stores (``Worker``) and the maintenance jobs it runs
-beside their relays (``maintenance``: unordered recovery, retention)."""
+"""The worker side: a process that serves stores.
 
-from relayer.worker.worker import (
-    FIRST_PROBE_LANES,
-    SPREAD_LANES,
-    StoreRuntime,
-    StoreStats,
-    Worker,
-    probe_parts,
-)
+- ``worker``: ``Worker``, stores joining and leaving, one worker group, run and stop;
+- ``served``: ``ServedStore``, one store's relay, maintenance, gate and transports;
+- ``queues``: the stores' dispatch queues, the group's policy, their gates;
+- ``maintenance``: unordered recovery and retention, as jobs beside the lane scans.
+"""
 
-__all__ = [
-    "FIRST_PROBE_LANES",
-    "SPREAD_LANES",
-    "StoreRuntime",
-    "StoreStats",
-    "Worker",
-    "probe_parts",
-]
+from relayer.worker.worker import Worker
+
+__all__ = ["Worker"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
@@ -41,7 +41,7 @@ from relayer.operations.health import StoreHealth
 from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.store import Connection, MaintenanceStore, Session, Transactions, UnorderedStore
-from relayer.transports.base import Transport
+from relayer.transports.routing import Routing
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class Maintenance:
     def __init__(
         self,
         store: StoreSettings,
-        transports: Mapping[str, Transport],
+        routing: Routing,
         pool: Transactions,
         now: Callable[[], float],
         leader: Callable[[], bool],
@@ -194,7 +194,7 @@ class Maintenance:
         self.now = now
         self.leader = leader
         self.queue: MemoryQueue[int] = MemoryQueue(maintenance_queue(store.name))
-        self.sender = UnorderedSender(store, transports)
+        self.sender = UnorderedSender(store, routing)
         self.db = MaintenanceStore(store)
         # Unordered rows this worker's recovery sent, and failed attempts (exported as metrics).
         self.recovered = 0

@@ -38,6 +38,7 @@ from relayer.observability.throttle import ThrottledLog
 from relayer.relay.unordered import UnorderedResult, UnorderedSender
 from relayer.store import StorePool, unordered_settings
 from relayer.transports.base import Transport
+from relayer.transports.routing import Routing
 from relayer.writer.outbox import Outbox
 from relayer.writer.transactions import transaction_owner, transaction_status
 
@@ -136,7 +137,7 @@ class UnorderedDispatcher:
             from relayer.transports.registry import create_transports
 
             transports = create_transports(self.store)
-        self._sender = UnorderedSender(self.store, transports)
+        self._sender = UnorderedSender(self.store, Routing(self.store, transports))
         if self._owns:
             for transport in transports.values():
                 await transport.start()
@@ -163,7 +164,7 @@ class UnorderedDispatcher:
             await self._pool.close()
             self._pool = None
         if self._owns and self._sender is not None:
-            for transport in self._sender.transports.values():
+            for transport in self._sender.routing.transports.values():
                 try:
                     await transport.close()
                 except Exception as exc:  # closing must go on with the other transports

@@ -22,11 +22,11 @@ from psycopg.pq import Format
 
 from relayer.errors import InvalidMessageError, Shown
 from relayer.lanes import UNORDERED_LANE, lane_for
+from relayer.observability.tracing import with_trace_context
 from relayer.operations.schema import StoreMeta, verify_meta
 from relayer.pooler import caller_prepare
 from relayer.settings import RelayerSettings, StoreSettings
 from relayer.sql import queries_for
-from relayer.tracing import with_trace_context
 from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQUENCE_HEADER
 from relayer.writer.ids import uuid7, uuid7_block, uuid7_iter
 from relayer.writer.sequences import reserve_async, reserve_sync, stamped_json

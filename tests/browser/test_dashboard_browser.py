@@ -164,12 +164,12 @@ async def test_operator_session(browser: Any, store: StoreSettings) -> None:
         ).to_have_text("paused", timeout=WAIT)
         await screenshot(page, "queues")
         delivered = len(broker.received("events"))
-        scans = worker.runtimes[store.name].stats.scans
+        scans = worker.stores[store.name].relay.stats.scans
         late = keys_in_lane(store, 5, 3, prefix="late")
         write(store, late)
         await asyncio.sleep(2.0)  # ten poll intervals: a running worker would have sent them
         assert len(broker.received("events")) == delivered
-        assert worker.runtimes[store.name].stats.scans == scans
+        assert worker.stores[store.name].relay.stats.scans == scans
         await page.fill("#queue-reason", "maintenance over")
         await page.click("#queue-resume")
         await eventually(lambda: len(broker.received("events")) == delivered + 3)

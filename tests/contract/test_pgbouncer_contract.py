@@ -111,6 +111,6 @@ async def test_written_and_relayed_through_pgbouncer(
         sequences.setdefault(key, []).append(int(number))
     per_key = written // KEYS
     assert sequences == {f"key-{n}": list(range(per_key)) for n in range(KEYS)}
-    stats = worker.runtimes[store.name].stats
+    stats = worker.stores[store.name].relay.stats
     assert (stats.sent, stats.rollbacks, stats.last_error) == (written, 0, "")
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from relayer.connection import connect
-from relayer.relay import LaneRelay, Scan
+from relayer.relay.batch import LaneRelay
+from relayer.relay.results import Scan
 from relayer.settings import StoreSettings
 from relayer.transports.base import Transport
+from relayer.transports.routing import Routing
 from tests.conftest import apply_schema, make_store
 from tests.contract.brokers import Broker
 from tests.integration.relay.helpers import keys_in_lane, parked, pending, write
@@ -54,7 +56,7 @@ async def test_a_bad_destination_parks_only_its_key(
     bad_key, *good_keys = keys_in_lane(store, 2, 4)
     write(store, good_keys, per_key=5, destination=good_destination)
     write(store, [bad_key], per_key=3, destination=broker.bad_destination())
-    relay = LaneRelay(store, {transport.name: transport}, "member-a")
+    relay = LaneRelay(store, Routing(store, {transport.name: transport}), "member-a")
     conn = await connect(store, autocommit=False, purpose="contract")  # as relayer opens them
     try:
         [result] = await relay.send_lanes(conn, [2])

@@ -12,9 +12,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from relayer import Outbox, OutboxMessage
-from relayer.relay import LaneRelay, Scan
-from relayer.tracing import relay_tracer
+from relayer.relay.batch import LaneRelay
+from relayer.relay.results import Scan
+from relayer.relay.trace import relay_tracer
 from relayer.transports.base import Transport
+from relayer.transports.routing import Routing
 from tests.contract.brokers import Broker
 from tests.contract.test_relay_contract import relay_store
 from tests.integration.relay.helpers import keys_in_lane, parked
@@ -45,7 +47,12 @@ async def test_send_spans_follow_the_messaging_conventions_and_say_what_became_o
                 ],
             )
         await conn.commit()
-    relay = LaneRelay(store, {transport.name: transport}, "member-a", tracer=relay_tracer(provider))
+    relay = LaneRelay(
+        store,
+        Routing(store, {transport.name: transport}),
+        "member-a",
+        tracer=relay_tracer(provider),
+    )
     batch_conn: psycopg.AsyncConnection[Any] = await psycopg.AsyncConnection.connect(pg_dsn)
     try:
         [result] = await relay.send_lanes(batch_conn, [2])

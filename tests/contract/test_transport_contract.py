@@ -1,4 +1,5 @@
-"""The transport contract, checked against real brokers with real consumers."""
+"""The transport contract, checked against real brokers with real consumers, each transport
+driven through the relay's own send pipelines (relayer.testing.pipeline)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,15 @@ from collections.abc import Sequence
 
 import pytest
 
+from relayer.testing.pipeline import relay_messages
 from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,
     DestinationError,
     OutgoingMessage,
-    SendError,
     Transport,
 )
 from tests.contract.brokers import Broker, Received
-from tests.contract.pacing import NotSentError, publish_in_order
 
 KEYS = 1_000
 PER_KEY = 5
@@ -52,8 +52,8 @@ async def test_contents_are_preserved(broker: Broker, transport: Transport) -> N
         for body in bodies
     ]
     messages.append(OutgoingMessage(uuid.uuid4(), destination, b"no key", key=None))
-    outcomes = await publish_in_order(transport, messages)
-    assert outcomes == [None] * len(messages)
+    outcomes = await relay_messages(transport, messages)
+    assert [sent.outcome for sent in outcomes] == ["acked"] * len(messages)
 
     received = await broker.consume(destination, len(messages))
     by_id = {message.message_id: message for message in received}
@@ -75,8 +75,8 @@ async def test_per_key_order_with_many_keys_in_flight(broker: Broker, transport:
     destination = await broker.destination()
     assert await transport.ordered_by_key(destination) is True
     messages = batch(destination, KEYS, PER_KEY)
-    outcomes = await publish_in_order(transport, messages)
-    assert [outcome for outcome in outcomes if outcome is not None] == []
+    outcomes = await relay_messages(transport, messages)
+    assert [sent for sent in outcomes if sent.outcome != "acked"] == []
 
     received = await broker.consume(destination, len(messages))
     assert len(received) == len(messages)
@@ -94,15 +94,16 @@ async def test_failure_mid_batch_never_lets_a_later_message_overtake(
     # The second message of key k7 fails; k7's third and fourth must not arrive before it.
     failing_index = keys + 7
     messages[failing_index] = broker.failing(messages[failing_index])
-    outcomes = await publish_in_order(transport, messages)
+    outcomes = await relay_messages(transport, messages)
 
+    # Refused by the broker, or (RabbitMQ: an exchange without per-key order) by the relay's
+    # capability check before any publish: either way the row's fault, its key stops here.
     failure = outcomes[failing_index]
-    assert isinstance(failure, SendError)
-    assert failure.retryable is False
+    assert failure.outcome == "failed" and failure.error
     for later in (failing_index + keys, failing_index + 2 * keys):
-        assert isinstance(outcomes[later], SendError)  # failed with it, or never sent
-    others = [outcome for index, outcome in enumerate(outcomes) if messages[index].key != "k7"]
-    assert others == [None] * len(others)
+        assert outcomes[later].outcome in ("failed", "unsent")  # failed with it, or never sent
+    others = [sent.outcome for index, sent in enumerate(outcomes) if messages[index].key != "k7"]
+    assert others == ["acked"] * len(others)
 
     received = await broker.consume(destination, len(messages) - 3)
     order = sequences(received)
@@ -132,15 +133,13 @@ async def test_a_bad_destination_fails_only_its_messages(
         messages.append(
             OutgoingMessage(uuid.uuid4(), target, f"k{number % 5}#{number}".encode(), key=None)
         )
-    outcomes = await publish_in_order(transport, messages)
-    for message, outcome in zip(messages, outcomes, strict=True):
+    outcomes = await relay_messages(transport, messages)
+    for message, sent in zip(messages, outcomes, strict=True):
         if message.destination == good:
-            assert outcome is None
+            assert sent.outcome == "acked"
         else:
-            assert isinstance(outcome, SendError)
-            assert not isinstance(outcome, NotSentError)
-            assert outcome.retryable is False
-            text = str(outcome)
+            assert (sent.outcome, sent.permanent) == ("failed", True)
+            text = sent.error
             assert bad.split("/")[0] in text
             assert "create" in text or "declare" in text or "fix the destination" in text
     received = await broker.consume(good, 15)

@@ -323,7 +323,7 @@ async def test_stores_joining_a_running_worker_share_or_are_refused(
             await worker.add_store(elsewhere, {"memory": MemoryTransport("memory")})
         assert refused.value.field == "worker.max_connections"
         assert "must be at least 8" in refused.value.rule
-        assert sorted(worker.runtimes) == ["s0", "s1"]
+        assert sorted(worker.stores) == ["s0", "s1"]
         await worker.remove_store(first.name)
         assert worker.databases.budget.reserved == 3  # s1 still uses them
         await worker.remove_store(joining.name)

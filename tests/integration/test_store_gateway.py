@@ -12,12 +12,13 @@ import psycopg
 import pytest
 
 from relayer.errors import StoreError
-from relayer.relay import Prober
 from relayer.relay.membership import Membership
+from relayer.relay.probes import Prober
 from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore, Session, StorePool, UnorderedStore, listen
 from relayer.transports.memory import MemoryTransport
+from relayer.transports.routing import Routing
 from relayer.worker import Worker
 from relayer.worker.maintenance import Maintenance, Task, cleanup
 from tests.conftest import apply_schema, make_store
@@ -100,7 +101,7 @@ async def test_a_killed_connection_during_unordered_recovery_is_a_store_error(
         # The sender never raises for it: the pass reports the error, the rows stay.
         async with pool.connection() as conn:
             assert terminate(store, pid=conn.info.backend_pid) == 1
-            result = await UnorderedSender(store, {}).recover(conn, 10)
+            result = await UnorderedSender(store, Routing(store, {})).recover(conn, 10)
         assert "claim unordered rows failed" in result.error
         # And the maintenance task retries after retry_backoff (not maintenance_interval).
         maintenance = Maintenance(store, {}, pool, lambda: 0.0, leader=lambda: True)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from relayer.relay import Coalescer
+from relayer.relay.coalescing import Coalescer
 
 
 class Server:

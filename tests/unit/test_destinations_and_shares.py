@@ -1,4 +1,4 @@
-"""The destination capability cache and the rank split of lanes (no I/O)."""
+"""The destination capability cache of a store's routing and the rank split of lanes (no I/O)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relayer.destinations import CAPACITY, DestinationCache, PreparationError
 from relayer.relay.membership import share
 from relayer.transports.memory import MemoryTransport
+from relayer.transports.routing import CAPACITY, DestinationCache, PreparationError
 
 
 @pytest.fixture

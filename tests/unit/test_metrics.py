@@ -7,9 +7,8 @@ from uuid import UUID
 
 import pytest
 
-from relayer.observability.metrics import LATENCY_BUCKETS, SUM_SAMPLE, Histogram
-from relayer.relay import Scan, ScanResult
-from relayer.worker import StoreStats
+from relayer.relay.results import Scan, ScanResult
+from relayer.relay.stats import LATENCY_BUCKETS, SUM_SAMPLE, Histogram, StoreStats
 from relayer.writer.ids import uuid7_time_ms
 
 

@@ -45,7 +45,7 @@ async def test_stores_added_before_run_are_registered_and_can_be_removed() -> No
     assert worker.readiness() == (False, "starting")
     await worker.add_store(store("a"), {}, weight=3)
     await worker.add_store(store("b"), {})
-    assert list(worker.runtimes) == ["a", "b"]
+    assert list(worker.stores) == ["a", "b"]
     assert [queue for queue, _ in worker.group.policy.weights] == [  # type: ignore[union-attr]
         "a",
         "b",
@@ -58,7 +58,7 @@ async def test_stores_added_before_run_are_registered_and_can_be_removed() -> No
     with pytest.raises(ConfigurationError, match="weights are >= 1"):
         await worker.add_store(store("c"), {}, weight=0)
     await worker.remove_store("a")
-    assert list(worker.runtimes) == ["b"]
+    assert list(worker.stores) == ["b"]
     await worker.remove_store("b")
     assert worker.group.policy is None
     with pytest.raises(UsageError, match="is not served by worker w"):

@@ -14,8 +14,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, StatusCode, TraceFlags, TraceState
 
 from relayer.observability.logs import JsonFormatter
-from relayer.relay import Scan, ScanResult
-from relayer.tracing import current_trace_ids, relay_tracer, with_trace_context
+from relayer.observability.tracing import current_trace_ids, with_trace_context
+from relayer.relay.results import Scan, ScanResult
+from relayer.relay.trace import relay_tracer
+from relayer.settings import store_settings
+from relayer.transports.routing import Routing
 
 SAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -68,7 +71,7 @@ def test_a_batch_that_ran_out_of_time_is_an_error_with_the_timeout_type(
     provider, exporter = spans
     tracer = relay_tracer(provider)
     assert tracer is not None
-    with tracer.batch("orders", [3], {}, None) as batch:
+    with tracer.batch("orders", [3], Routing(store_settings(name="orders"), {})) as batch:
         batch.rolled_back(TimeoutError())
         batch.finish([ScanResult(3, Scan.FAILED, 1.0, detail="batch deadline passed")])
     [span] = exporter.get_finished_spans()

@@ -5,7 +5,7 @@ Times are plain numbers here (the store's clock, seconds); linger 0.003 as by de
 
 from __future__ import annotations
 
-from relayer.relay import WakeWindow
+from relayer.relay.wakeups import WakeWindow
 
 LINGER = 0.003
 

@@ -1,14 +1,14 @@
 """Prometheus metrics of one Worker (the ``metrics`` extra); docs/observability.md lists them.
 
-Recording costs the relay almost nothing: counters are the worker's own ``StoreStats`` fields
-and the two histograms plain bucket arrays updated once per batch (``histogram``). The backlog
+Recording costs the relay almost nothing: counters are the relay's own ``StoreStats`` fields
+and its two histograms plain bucket arrays updated once per batch (relayer.relay.stats). The backlog
 (pending rows, ages, parked keys) is read every ``interval`` seconds on a connection of its own,
 for the lanes this worker owns only, and summarised: totals per store plus a few lanes in
 detail (``backlog``). A scrape copies the worker's state on its event loop (``snapshot``) and
 renders the text on a thread of its own (``exporter``), so neither the relay nor ``/healthz``
 waits for it. Only this package imports prometheus_client, lazily.
 
-Modules: ``histogram`` (bucket arrays), ``backlog`` (what waits), ``snapshot`` (the copy),
+Modules: ``backlog`` (what waits), ``snapshot`` (the copy),
 ``families`` (metric names and help), ``exporter`` (``WorkerMetrics`` and its HTTP port).
 """
 
@@ -21,27 +21,13 @@ from relayer.observability.metrics.backlog import (
     LaneBacklog,
 )
 from relayer.observability.metrics.exporter import RENDER_THREAD, WorkerMetrics, require_prometheus
-from relayer.observability.metrics.histogram import (
-    BATCH_BUCKETS,
-    LATENCY_BUCKETS,
-    SUM_SAMPLE,
-    Histogram,
-    batch_duration_histogram,
-    write_to_ack_histogram,
-)
 
 __all__ = [
-    "BATCH_BUCKETS",
     "DEFAULT_TOP_LANES",
-    "LATENCY_BUCKETS",
     "MAX_TOP_LANES",
     "RENDER_THREAD",
-    "SUM_SAMPLE",
     "Backlog",
-    "Histogram",
     "LaneBacklog",
     "WorkerMetrics",
-    "batch_duration_histogram",
     "require_prometheus",
-    "write_to_ack_histogram",
 ]

@@ -18,7 +18,7 @@ import psycopg
 from relayer.sql import queries_for
 
 if TYPE_CHECKING:
-    from relayer.worker import StoreRuntime
+    from relayer.worker.served import ServedStore
 
 # Per-lane series for at most this many lanes per store unless told otherwise (--metrics-top-lanes).
 DEFAULT_TOP_LANES = 10
@@ -55,13 +55,13 @@ class Backlog:
 
 async def read_backlog(
     conn: psycopg.AsyncConnection[Any],
-    runtime: StoreRuntime,
+    served: ServedStore,
     lanes: frozenset[int],
     top: int = DEFAULT_TOP_LANES,
 ) -> Backlog:
     """The backlog of ``lanes``, with ``top`` lanes in detail; unordered rows too when lane 0
     is among them (one worker reports them)."""
-    queries = queries_for(runtime.store.names)
+    queries = queries_for(served.store.names)
     cursor = await conn.execute(queries["metrics_backlog"], {"lanes": sorted(lanes), "top": top})
     row = await cursor.fetchone()
     assert row is not None  # an aggregate: always one row

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-    from relayer.worker import Worker
+    from relayer.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class WorkerMetrics:
         self.top_lanes = top_lanes
         self.backlog: dict[str, Backlog] = {}
         self._log = ThrottledLog(logger)
-        self.refresh_errors: dict[str, int] = dict.fromkeys(worker.runtimes, 0)
+        self.refresh_errors: dict[str, int] = dict.fromkeys(worker.stores, 0)
         # The state the registry shows: taken on the loop by every scrape and refresh.
         self.snapshot: WorkerSnapshot | None = None
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=False)
@@ -171,23 +171,23 @@ class WorkerMetrics:
         return any(
             name not in self._failed
             and name in self.backlog
-            and self.backlog[name].lanes is not runtime.membership.lanes
-            for name, runtime in self.worker.runtimes.items()
+            and self.backlog[name].lanes is not served.relay.membership.lanes
+            for name, served in self.worker.stores.items()
         )
 
     async def refresh(self) -> None:
         """Read the backlog of the lanes each store's membership gives this worker now, on a
         batch connection of the store's database (within the worker's connection budget)."""
-        for name in self.backlog.keys() - self.worker.runtimes.keys():
+        for name in self.backlog.keys() - self.worker.stores.keys():
             self.backlog.pop(name, None)  # a store that left the worker
-        for name, runtime in list(self.worker.runtimes.items()):  # stores join meanwhile
-            lanes = runtime.membership.lanes
+        for name, served in list(self.worker.stores.items()):  # stores join meanwhile
+            lanes = served.relay.membership.lanes
             if not lanes:
                 self.backlog[name] = Backlog(lanes)
                 continue
             try:
-                async with runtime.pool.connection("read the backlog") as conn:
-                    self.backlog[name] = await read_backlog(conn, runtime, lanes, self.top_lanes)
+                async with served.relay.pool.connection("read the backlog") as conn:
+                    self.backlog[name] = await read_backlog(conn, served, lanes, self.top_lanes)
                 self._failed.discard(name)
             except (psycopg.Error, OSError, StoreError) as exc:
                 self._failed.add(name)

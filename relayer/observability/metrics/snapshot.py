@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 
 from relayer.dispatch.telemetry import QueueTelemetry
 from relayer.observability.metrics.backlog import Backlog, LaneBacklog, owned_now
-from relayer.observability.metrics.histogram import Histogram
-from relayer.relay import Scan
+from relayer.relay.results import Scan
+from relayer.relay.stats import Histogram
 
 if TYPE_CHECKING:
-    from relayer.worker import StoreRuntime, Worker
+    from relayer.worker.served import ServedStore
+    from relayer.worker.worker import Worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,30 +64,30 @@ def take_snapshot(
 ) -> WorkerSnapshot:
     """Copy what the metrics show of ``worker`` (call it on the worker's event loop)."""
     stores: list[StoreSnapshot] = []
-    for name, runtime in worker.runtimes.items():
-        lanes = runtime.membership.lanes
+    for name, served in worker.stores.items():
+        lanes = served.relay.membership.lanes
         read = backlog.get(name) or Backlog(lanes)
-        stores.append(_store(name, runtime, read, lanes, refresh_errors.get(name, 0)))
+        stores.append(_store(name, served, read, lanes, refresh_errors.get(name, 0)))
     return WorkerSnapshot(worker.member, tuple(stores), worker.group.telemetry())
 
 
 def _store(
-    name: str, runtime: StoreRuntime, backlog: Backlog, lanes: frozenset[int], errors: int
+    name: str, served: ServedStore, backlog: Backlog, lanes: frozenset[int], errors: int
 ) -> StoreSnapshot:
-    stats = runtime.stats
+    stats = served.relay.stats
     return StoreSnapshot(
         name=name,
         sent=stats.sent,
         failed=stats.failed,
         gave_up=stats.gave_up,
-        recovered=runtime.maintenance.recovered,
-        recovery_failed=runtime.maintenance.recovery_failed,
+        recovered=served.maintenance.recovered,
+        recovery_failed=served.maintenance.recovery_failed,
         scans=tuple((scan.value, stats.by_scan.get(scan.value, 0)) for scan in Scan),
         refresh_errors=errors,
         batch_seconds=HistogramSnapshot.of(stats.batch_seconds),
         write_to_ack_seconds=HistogramSnapshot.of(stats.write_to_ack_seconds),
         owned_lanes=len(lanes),
-        live_members=len(runtime.membership.members),
+        live_members=len(served.relay.membership.members),
         backlog=backlog,
         top=tuple(owned_now(backlog, lanes)),
     )

@@ -128,8 +128,8 @@ async def test_stores_listed_in_a_file_join_and_leave_a_running_worker(
     write_rows(tmp_path / "stores.json", {"name": "acme", "schema": "acme"})
     report = await fleet.refresh("tenants")
     assert report.read and report.joined == ["tenants.acme"]
-    assert set(worker.runtimes) == {"tenants.acme"}
-    acme = worker.runtimes["tenants.acme"].store
+    assert set(worker.stores) == {"tenants.acme"}
+    acme = worker.stores["tenants.acme"].store
     assert (acme.db_schema, acme.lanes, acme.table_prefix) == ("acme", 4, "relayer_")
     write(acme, ["k1", "k2"], per_key=5)
     await until(lambda: pending(acme) == 0)
@@ -153,7 +153,7 @@ async def test_stores_listed_in_a_file_join_and_leave_a_running_worker(
     )
     assert (await fleet.refresh("tenants")).left == ["tenants.initech"]
     assert worker.weight("tenants.globex") == 3 and worker.weight("tenants.acme") == 1
-    globex = worker.runtimes["tenants.globex"].store
+    globex = worker.stores["tenants.globex"].store
     write(globex, ["k3"], per_key=3)
     await until(lambda: pending(globex) == 0)
     assert members(pg_dsn, "globex") == ["worker-a"]
@@ -161,7 +161,7 @@ async def test_stores_listed_in_a_file_join_and_leave_a_running_worker(
     write_rows(tmp_path / "stores.json", {"name": "globex", "schema": "globex", "weight": 3})
     report = await fleet.refresh("tenants")
     assert report.left == ["tenants.acme"]
-    assert set(worker.runtimes) == {"tenants.globex"}
+    assert set(worker.stores) == {"tenants.globex"}
     assert members(pg_dsn, "acme") == [] and leased(pg_dsn, "acme") == []
     # The store that stays is served as before, through the shared transport.
     write(globex, ["k4"], per_key=2)
@@ -198,7 +198,7 @@ async def test_a_catalog_query_sets_weights_and_limits_and_bad_rows_are_skipped(
     caplog.set_level(logging.WARNING, logger="relayer.fleet.discovery")
     worker, fleet, stop, task = await start(template, broker, "worker-a")
     try:
-        await until(lambda: len(worker.runtimes) == 2)  # the first refresh, at start
+        await until(lambda: len(worker.stores) == 2)  # the first refresh, at start
         again = await fleet.refresh("tenants")  # runs once the first one has ended
         assert again.read and again.joined == [] and again.found == 2
         assert worker.weight("tenants.acme") == 2 and worker.weight("tenants.globex") == 1
@@ -206,7 +206,7 @@ async def test_a_catalog_query_sets_weights_and_limits_and_bad_rows_are_skipped(
         assert len(lines) == 1
         assert "stores.tenants.bad.schema: 'Bad-Schema' is invalid" in lines[0]
         assert "fix its row" in lines[0]
-        acme = worker.runtimes["tenants.acme"].store
+        acme = worker.stores["tenants.acme"].store
         async with await psycopg.AsyncConnection.connect(pg_dsn, autocommit=True) as conn:
             states = await QueueControl(conn, acme.names).status(["tenants.acme"])
         assert [s.limit for s in states if s.queue == "tenants.acme"] == [3]
@@ -218,7 +218,7 @@ async def test_a_catalog_query_sets_weights_and_limits_and_bad_rows_are_skipped(
         for _ in range(2):
             report = await fleet.refresh("tenants")
             assert not report.read
-        assert set(worker.runtimes) == {"tenants.acme", "tenants.globex"}
+        assert set(worker.stores) == {"tenants.acme", "tenants.globex"}
         warnings = [r.getMessage() for r in caplog.records]
         assert len(warnings) == 1, warnings
         assert "still serving the 2 store(s) found last" in warnings[0]
@@ -290,7 +290,7 @@ async def test_two_workers_keep_every_row_and_its_order_while_stores_come_and_go
     written: dict[str, list[Any]] = {name: [] for name in stores}
     writer = asyncio.create_task(keep_writing(stores, stop_writing, written))
     try:
-        await until(lambda: all(len(w.runtimes) == 2 for w in (first[0], second[0])))
+        await until(lambda: all(len(w.stores) == 2 for w in (first[0], second[0])))
         await asyncio.sleep(0.5)
         # c joins, with rows written before the workers knew of it.
         write_rows(
@@ -305,7 +305,7 @@ async def test_two_workers_keep_every_row_and_its_order_while_stores_come_and_go
         write_rows(source, {"name": "a", "schema": "a"}, {"name": "c", "schema": "c"})
         await refresh()
         for worker, *_ in (first, second):
-            assert "tenants.b" not in worker.runtimes
+            assert "tenants.b" not in worker.stores
         assert members(pg_dsn, "b") == [] and leased(pg_dsn, "b") == []
         assert members(pg_dsn, "c") == ["worker-1", "worker-2"]
         await asyncio.sleep(0.5)

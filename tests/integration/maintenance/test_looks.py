@@ -36,7 +36,7 @@ async def test_an_idle_store_looks_and_runs_no_maintenance_job(pg_dsn: str) -> N
     try:
         async with asyncio.timeout(30):
             await worker.started.wait()
-            maintenance = worker.runtimes[store.name].maintenance
+            maintenance = worker.stores[store.name].maintenance
             while len(planned) < 3:  # three cleanup looks, each planning the next
                 if maintenance.last_health is not None:
                     planned.add(maintenance.planned_looks.get(Task.CLEANUP, 0.0))
@@ -62,5 +62,5 @@ async def test_a_look_that_finds_work_runs_the_job(pg_dsn: str) -> None:
         lambda: not execute(store, "SELECT 1 FROM {p}inbox UNION ALL SELECT 1 FROM {p}outbox"),
     )
     assert maintenance_jobs(worker, store) >= 2  # the recovery and the cleanup
-    assert worker.runtimes[store.name].maintenance.recovered == 1
+    assert worker.stores[store.name].maintenance.recovered == 1
     assert not await retention_due(store)

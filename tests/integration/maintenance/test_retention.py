@@ -151,4 +151,4 @@ async def test_the_worker_owning_lane_0_runs_the_cleanup(pg_dsn: str) -> None:
     claim_messages(store, 2)
     execute(store, "UPDATE {p}inbox SET received_at = now() - interval '30 days'")
     worker = await run_worker_until(store, lambda: not execute(store, "SELECT 1 FROM {p}inbox"))
-    assert worker.runtimes[store.name].maintenance.last_cleanup is not None
+    assert worker.stores[store.name].maintenance.last_cleanup is not None

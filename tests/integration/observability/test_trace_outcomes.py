@@ -22,11 +22,13 @@ from opentelemetry.trace import StatusCode
 
 from relayer import Outbox, OutboxMessage
 from relayer.observability.logs import JsonFormatter
-from relayer.relay import LaneRelay, Scan, ScanResult
+from relayer.relay.batch import LaneRelay
+from relayer.relay.results import Scan, ScanResult
+from relayer.relay.trace import relay_tracer
 from relayer.settings import StoreSettings
-from relayer.tracing import relay_tracer
 from relayer.transports.base import OutboundBatch, Settle
 from relayer.transports.memory import MemoryTransport
+from relayer.transports.routing import Routing
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import keys_in_lane, parked, pending
 
@@ -86,7 +88,9 @@ async def send(
     transport: MemoryTransport,
     before: Callable[[psycopg.AsyncConnection[Any]], None] | None = None,
 ) -> ScanResult:
-    relay = LaneRelay(store, {"memory": transport}, "member-a", tracer=relay_tracer(provider))
+    relay = LaneRelay(
+        store, Routing(store, {"memory": transport}), "member-a", tracer=relay_tracer(provider)
+    )
     conn: psycopg.AsyncConnection[Any] = await psycopg.AsyncConnection.connect(store.require_dsn())
     try:
         if before is not None:

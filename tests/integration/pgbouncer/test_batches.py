@@ -11,10 +11,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from relayer.relay import LaneRelay, Scan
+from relayer.relay.batch import LaneRelay
+from relayer.relay.results import Scan
 from relayer.settings import StoreSettings
 from relayer.store import StorePool, batch_settings
 from relayer.transports.base import OutgoingMessage
+from relayer.transports.routing import Routing
 from tests.conftest import make_store
 from tests.integration.pgbouncer.helpers import pooled
 from tests.integration.relay.helpers import keys_in_lane, pending, write
@@ -78,7 +80,7 @@ async def test_a_batch_runs_with_its_settings_and_leaves_none_behind(
     try:
         async with pool.connection() as conn:
             peek = Peeking(conn)
-            relay = LaneRelay(relayed, {"peek": peek}, "member-a")
+            relay = LaneRelay(relayed, Routing(relayed, {"peek": peek}), "member-a")
             [result] = await relay.send_lanes(conn, [3])
             after = await current(conn)
             await conn.rollback()

@@ -68,5 +68,5 @@ async def test_workers_recover_unordered_rows_through_pgbouncer(
             conn.commit()
     backdate(direct, written)
     worker = await run_worker_until(store, lambda: pending(direct) == 0)
-    stats = worker.runtimes[store.name].stats
+    stats = worker.stores[store.name].relay.stats
     assert (stats.rollbacks, stats.last_error) == (0, "")

@@ -57,7 +57,7 @@ async def workers(
                 settings=WorkerSettings(pool_size=4),
                 instance_id=f"worker-{number}",
             )
-            worker.runtimes[store.name].relay.observer = watch.observer(worker.member)
+            worker.stores[store.name].relay.batch.observer = watch.observer(worker.member)
             stop = asyncio.Event()
             task = asyncio.create_task(worker.run(stop))
             started.append((worker, stop, task))
@@ -70,7 +70,7 @@ async def workers(
             await asyncio.wait_for(task, 20)
     assert watch.violations == []
     for worker, _, _ in started:  # nothing failed: no rollback, no scan that could not run
-        stats = worker.runtimes[store.name].stats
+        stats = worker.stores[store.name].relay.stats
         assert (stats.rollbacks, stats.last_error) == (0, "")
 
 
@@ -108,11 +108,11 @@ async def test_workers_poll_without_listen(
     pooled_store = relayed_store(store, through)
     broker = MemoryTransport("memory")
     woken: list[str] = []
-    caplog.set_level(logging.INFO, logger="relayer.worker")
+    caplog.set_level(logging.INFO, logger="relayer.relay")
     async with workers(pooled_store, broker, 2) as running:
         for worker in running:
-            runtime = worker.runtimes[pooled_store.name]
-            runtime.woken = woken.append  # type: ignore[method-assign]
+            wakeups = worker.stores[pooled_store.name].relay.wakeups
+            wakeups.woken = woken.append  # type: ignore[method-assign]
         written = await write_from_clients(pooled_store, 6, 60)
         await drained(store)
     received = broker.received("events")
@@ -131,16 +131,16 @@ async def test_listen_on_a_direct_listen_dsn(
     pooled_store = relayed_store(store, through, listen_dsn=store.require_dsn())
     broker = MemoryTransport("memory")
     woken: list[str] = []
-    caplog.set_level(logging.INFO, logger="relayer.worker")
+    caplog.set_level(logging.INFO, logger="relayer.relay")
     async with workers(pooled_store, broker, 1) as [worker]:
-        runtime = worker.runtimes[pooled_store.name]
-        wake = runtime.woken
+        wakeups = worker.stores[pooled_store.name].relay.wakeups
+        wake = wakeups.woken
 
         def record(payload: str) -> None:
             woken.append(payload)
             wake(payload)
 
-        runtime.woken = record  # type: ignore[method-assign]
+        wakeups.woken = record  # type: ignore[method-assign]
         written = await write_from_clients(pooled_store, 3, 30)
         await drained(store)
     assert {message.id for message in broker.received("events")} >= set(written)

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import asyncio
 
+from relayer.relay.runtime import StoreRelay
+from relayer.relay.schedule import LaneSchedule
 from relayer.settings import WorkerSettings
 from relayer.transports.memory import MemoryTransport
-from relayer.worker import StoreRuntime, Worker
+from relayer.worker import Worker
 from tests.conftest import apply_schema, make_store
 
 LANES = 4
 
 
-def idle(runtime: StoreRuntime) -> bool:
-    waking = runtime._waking
+def idle(relay: StoreRelay) -> bool:
+    waking = relay.wakeups._waking
     return waking is None or waking.done()
 
 
@@ -31,35 +33,35 @@ async def test_a_poll_skips_its_probe_while_every_owned_lane_is_queued(pg_dsn: s
     try:
         async with asyncio.timeout(30):
             while (
-                not worker.runtimes.get(store.name)
-                or len(worker.runtimes[store.name].membership.lanes) < LANES
+                not worker.stores.get(store.name)
+                or len(worker.stores[store.name].relay.membership.lanes) < LANES
             ):
                 await asyncio.sleep(0.02)
-        runtime = worker.runtimes[store.name]
+        relay = worker.stores[store.name].relay
         answers: list[bool] = []
-        original = StoreRuntime.every_lane_queued
+        original = LaneSchedule.every_lane_queued
 
         def counted() -> bool:
-            answer = original(runtime)
+            answer = original(relay.schedule)
             answers.append(answer)
             return answer
 
-        runtime.every_lane_queued = counted  # type: ignore[method-assign]
+        relay.schedule.every_lane_queued = counted  # type: ignore[method-assign]
         for lane in range(LANES):  # a scan waits for every lane (far ahead: none runs)
-            runtime.queue.schedule(lane, runtime.now() + 3600)
+            relay.schedule.queue.schedule(lane, relay.schedule.now() + 3600)
         async with asyncio.timeout(30):
             # A poll saw every lane queued, and a wake-up started before it is over.
-            while True not in answers or not idle(runtime):
+            while True not in answers or not idle(relay):
                 await asyncio.sleep(0.02)
-        probes, seen = runtime.prober.queries, len(answers)
+        probes, seen = relay.prober.queries, len(answers)
         async with asyncio.timeout(30):
             while answers[seen:].count(True) < 3:
                 await asyncio.sleep(0.02)
-        assert runtime.prober.queries == probes  # three polls, no probe
+        assert relay.prober.queries == probes  # three polls, no probe
 
-        runtime.queue.discard(0)  # lane 0 is quiet now: a poll must look at it
+        relay.schedule.queue.discard(0)  # lane 0 is quiet now: a poll must look at it
         async with asyncio.timeout(30):
-            while runtime.prober.queries == probes:
+            while relay.prober.queries == probes:
                 await asyncio.sleep(0.02)
         assert answers[-1] is False
     finally:

@@ -12,10 +12,13 @@ import psycopg
 import pytest
 
 from relayer.errors import FencedWriteError
-from relayer.relay import LaneRelay, Prober, Scan
+from relayer.relay.batch import LaneRelay
+from relayer.relay.probes import Prober
+from relayer.relay.results import Scan, after_probe
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore
 from relayer.transports.memory import MemoryTransport
+from relayer.transports.routing import Routing
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import (
     BATCH_STORE,
@@ -71,7 +74,7 @@ async def test_batch_sends_head_first_per_key_and_deletes(
 ) -> None:
     keys = keys_in_lane(relay_store, 1, 5)
     write(relay_store, keys, per_key=8)  # 40 rows, under batch_size
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     result = await send(relay, 1)
     assert result.scan is Scan.SENT
     assert result.sent == 40
@@ -113,7 +116,7 @@ async def test_a_lane_left_out_of_the_admission_window_is_due_again_at_once(
     write(store, keys_in_lane(store, 2, 2))
     transport = SlowFirstPublish("memory", delay=0.3)  # admission is lease/4 = 0.25 s
     await transport.start()
-    relay = LaneRelay(store, {"memory": transport}, MEMBER)
+    relay = LaneRelay(store, Routing(store, {"memory": transport}), MEMBER)
     first, second = await send_group(relay, [1, 2])
     by_sent = sorted([first, second], key=lambda result: result.sent)
     left_out, served = by_sent
@@ -151,7 +154,7 @@ async def test_a_lookup_that_crashes_parks_only_its_key(
     write(relay_store, [good_key], per_key=2)
     transport = FailingLookup("memory", "broken", error)
     await transport.start()
-    relay = LaneRelay(relay_store, {"memory": transport}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": transport}), MEMBER)
     result = await send(relay, 1)
     await transport.close()
     assert result.failed == 1 and result.sent == 2 and result.scan is Scan.SENT
@@ -167,7 +170,7 @@ async def test_an_unreachable_broker_during_a_lookup_counts_no_attempt(
     write(relay_store, keys_in_lane(relay_store, 1, 2))
     transport = FailingLookup("memory", "events", TransportUnavailableError("broker down"))
     await transport.start()
-    relay = LaneRelay(relay_store, {"memory": transport}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": transport}), MEMBER)
     for _ in range(3):
         result = await send(relay, 1)
         assert result.scan is Scan.UNAVAILABLE and result.failed == 0
@@ -180,7 +183,7 @@ async def test_batch_size_bounds_each_batch(
     relay_store: StoreSettings, memory: MemoryTransport
 ) -> None:
     write(relay_store, keys_in_lane(relay_store, 2, 3), per_key=40)  # 120 rows
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     sent = [(await send(relay, 2)).sent for _ in range(4)]
     assert sent == [50, 50, 20, 0]
     assert pending(relay_store) == 0
@@ -191,7 +194,7 @@ async def test_other_lanes_are_untouched(
 ) -> None:
     write(relay_store, keys_in_lane(relay_store, 0, 2))
     write(relay_store, keys_in_lane(relay_store, 3, 2))
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     await send(relay, 0)
     assert pending(relay_store) == 2
 
@@ -204,7 +207,7 @@ async def test_future_head_stalls_only_its_lane(
     write(relay_store, [first], deliver_at=later)
     write(relay_store, [second])  # due, but behind a future head in the same lane
     write(relay_store, keys_in_lane(relay_store, 2, 1))
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     assert (await send(relay, 1)).scan is Scan.FUTURE
     assert (await send(relay, 2)).sent == 1
     assert pending(relay_store) == 2
@@ -216,7 +219,7 @@ async def test_failing_key_is_parked_and_other_keys_flow(
     bad, good = keys_in_lane(relay_store, 1, 2)
     write(relay_store, [bad, good], per_key=3)
     memory.fail_key(bad, message="broker said no")
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     result = await send(relay, 1)
     assert result.sent == 3 and result.failed == 1
     assert bodies_by_key(memory.received("events")) == {good: [0, 1, 2]}
@@ -234,7 +237,7 @@ async def test_parked_key_retries_after_backoff_and_gives_up(
     [key] = keys_in_lane(relay_store, 0, 1)
     write(relay_store, [key], per_key=2)
     memory.fail_key(key, message="still failing")
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     await send(relay, 0)
     assert parked(relay_store)[key][:2] == (1, "still failing")
     assert (await send(relay, 0)).scan is Scan.EMPTY  # parked until retry_at
@@ -258,7 +261,7 @@ async def test_retry_success_unparks_and_keeps_order(
     [key] = keys_in_lane(relay_store, 3, 1)
     write(relay_store, [key], per_key=4)
     memory.fail_next(1)
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     await send(relay, 3)
     assert key in parked(relay_store)
     with psycopg.connect(relay_store.require_dsn(), autocommit=True) as conn:
@@ -275,7 +278,7 @@ async def test_permanent_error_parks_without_retry(
     [key] = keys_in_lane(relay_store, 2, 1)
     write(relay_store, [key])
     memory.fail_key(key, retryable=False, message="message too large: raise max size")
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     result = await send(relay, 2)
     assert result.gave_up == 1
     assert parked(relay_store)[key] == (1, "message too large: raise max size", True)
@@ -295,14 +298,14 @@ async def test_preparation_failures_park_with_actionable_messages(
         )
     write(relay_store, [unordered_key], destination="fanout")
     write(relay_store, [fine_key])
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     result = await send(relay, 1)
     assert result.sent == 1
     reasons = parked(relay_store)
     assert "transport 'sqs' is not configured" in reasons[unknown_key][1]
     assert "does not keep per-key order" in reasons[unordered_key][1]
     # Destinations without native ordering are never cached: fixing it needs no restart.
-    assert ("memory", "fanout") not in relay.destinations
+    assert ("memory", "fanout") not in relay.routing.destinations
 
 
 async def test_stalled_transport_commits_the_confirmed_prefix(
@@ -320,7 +323,7 @@ async def test_stalled_transport_commits_the_confirmed_prefix(
     await apply_schema(store)
     write(store, [f"k{index}" for index in range(10)])
     memory.stall()
-    relay = LaneRelay(store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(store, Routing(store, {"memory": memory}), MEMBER)
     batch = asyncio.ensure_future(send(relay, 0))
     await asyncio.sleep(0.2)
     memory.release(4)  # four acknowledgements arrive, the rest never do
@@ -339,7 +342,7 @@ async def test_a_batch_the_broker_acknowledges_nothing_of_is_the_brokers_fault(
     for an unreachable broker (UNAVAILABLE, retry_backoff), nothing is parked, no attempt."""
     write(relay_store, keys_in_lane(relay_store, 1, 3), per_key=2)
     memory.stall()
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     result = await send(relay, 1)
     assert (result.scan, result.next_in, result.failed) == (Scan.UNAVAILABLE, relay.backoff, 0)
     assert "acknowledged nothing" in result.detail
@@ -360,7 +363,7 @@ async def test_a_stopped_relay_admits_no_new_row_and_starts_no_batch(
     memory = MemoryTransport("memory", pipelines_within_key=False)  # stop-and-wait per key
     await memory.start()
     memory.stall()
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     batch = asyncio.ensure_future(send(relay, 1))
     while len(memory.received("events")) < 2:  # each key's head is in flight
         await asyncio.sleep(0.01)
@@ -379,13 +382,13 @@ async def test_a_lane_locked_by_another_batch_is_skipped_without_waiting(
     relay_store: StoreSettings, memory: MemoryTransport
 ) -> None:
     write(relay_store, keys_in_lane(relay_store, 1, 1))
-    other = LaneRelay(relay_store, {"memory": memory}, "member-b")
+    other = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), "member-b")
     holder = await connection(relay_store)
     tokens, rows = await other.db.lock_and_read(
         holder, [1], "member-b", __import__("uuid").uuid4(), 10
     )
     assert 1 in tokens and rows
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     result = await asyncio.wait_for(send(relay, 1), 2)
     assert result.scan is Scan.BUSY
     await holder.rollback()
@@ -434,7 +437,7 @@ async def test_killed_connection_mid_batch_loses_nothing(
     keys = keys_in_lane(relay_store, 2, 4)
     write(relay_store, keys, per_key=5)
     memory.stall()
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     conn = await connection(relay_store)
     batch = asyncio.ensure_future(relay.send_lanes(conn, [2]))
     await asyncio.sleep(0.2)
@@ -462,10 +465,10 @@ async def test_probe_is_one_query_for_lanes_scanned_together(
     assert prober.queries == 1
     assert [head.has_head for head in heads] == [False, True, True, False]
     assert heads[2].future and 200 < heads[2].due_in <= 300
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
-    assert relay.after_probe(heads[0]) is not None
-    assert relay.after_probe(heads[1]) is None  # due: must be sent
-    assert relay.after_probe(heads[2]).scan is Scan.FUTURE  # type: ignore[union-attr]
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
+    assert after_probe(heads[0], MEMBER, relay.poll) is not None
+    assert after_probe(heads[1], MEMBER, relay.poll) is None  # due: must be sent
+    assert after_probe(heads[2], MEMBER, relay.poll).scan is Scan.FUTURE  # type: ignore[union-attr]
     await prober.close()
 
 
@@ -572,7 +575,7 @@ async def test_backoff_stays_bounded_after_many_attempts(
     with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
         conn.execute("UPDATE orders_outbox SET attempts = 999")
     memory.fail_key(key)
-    result = await send(LaneRelay(store, {"memory": memory}, MEMBER), 0)
+    result = await send(LaneRelay(store, Routing(store, {"memory": memory}), MEMBER), 0)
     assert result.scan is Scan.SENT and result.failed == 1  # recorded, not rolled back
     attempts, _, waits_for_operator = parked(store)[key]
     assert attempts == 1000 and not waits_for_operator
@@ -584,7 +587,7 @@ async def test_one_batch_sends_several_lanes_in_one_transaction(
     keys = {lane: keys_in_lane(relay_store, lane, 3, prefix=f"g{lane}") for lane in range(3)}
     for lane_keys in keys.values():
         write(relay_store, lane_keys, per_key=4)
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     results = await send_group(relay, [0, 1, 2, 3])
     assert [(r.lane, r.scan, r.sent) for r in results] == [
         (0, Scan.SENT, 12),
@@ -612,11 +615,11 @@ async def test_a_group_skips_a_lane_locked_elsewhere_and_sends_the_others(
 ) -> None:
     for lane in range(3):
         write(relay_store, keys_in_lane(relay_store, lane, 2, prefix=f"s{lane}"))
-    other = LaneRelay(relay_store, {"memory": memory}, "member-b")
+    other = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), "member-b")
     holder = await connection(relay_store)
     tokens, _ = await other.db.lock_and_read(holder, [1], "member-b", uuid.uuid4(), 10)
     assert list(tokens) == [1]
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     results = await asyncio.wait_for(send_group(relay, [0, 1, 2]), 2)
     assert [(r.lane, r.scan, r.sent) for r in results] == [
         (0, Scan.SENT, 2),
@@ -635,7 +638,7 @@ async def test_a_poison_key_in_a_group_parks_only_itself(
     other = keys_in_lane(relay_store, 2, 2, prefix="q")
     write(relay_store, [bad, good, *other], per_key=3)
     memory.fail_key(bad, message="broker said no")
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     results = await send_group(relay, [1, 2])
     assert [(r.lane, r.sent, r.failed) for r in results] == [(1, 3, 1), (2, 6, 0)]
     # Settled: the parked key's later rows wait for its retry, not for another scan.
@@ -688,7 +691,7 @@ async def test_a_lane_whose_broker_is_down_waits_while_its_group_goes_through(
 ) -> None:
     write(with_down(relay_store), keys_in_lane(relay_store, 1, 2, prefix="d"), transport="down")
     write(relay_store, keys_in_lane(relay_store, 2, 2, prefix="u"))
-    relay = LaneRelay(relay_store, {"memory": memory, "down": down}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory, "down": down}), MEMBER)
     results = await send_group(relay, [1, 2])
     assert [(r.lane, r.scan, r.sent) for r in results] == [
         (1, Scan.UNAVAILABLE, 0),
@@ -703,7 +706,7 @@ async def test_scans_that_find_nothing_keep_the_connection_prepared_statements(
     relay_store: StoreSettings, memory: MemoryTransport
 ) -> None:
     [key] = keys_in_lane(relay_store, 0, 1)
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     async with await connection(relay_store) as conn:
         for _ in range(6):  # psycopg prepares a statement on its fifth use
             write(relay_store, [key])
@@ -729,7 +732,7 @@ async def test_within_a_lane_a_down_transport_stops_only_its_own_rows(
     stuck, free = keys_in_lane(relay_store, 3, 2, prefix="m")
     write(with_down(relay_store), [stuck], per_key=2, transport="down")
     write(relay_store, [free], per_key=2)
-    relay = LaneRelay(relay_store, {"memory": memory, "down": down}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory, "down": down}), MEMBER)
     result = await send(relay, 3)
     assert (result.scan, result.sent, result.next_in) == (Scan.SENT, 2, 0.0)
     assert "broker restarting" in result.detail
@@ -803,7 +806,7 @@ async def test_each_lane_of_a_group_gets_its_own_result(
     later = datetime.now(UTC) + timedelta(hours=1)
     write(relay_store, keys_in_lane(relay_store, 0, 1, prefix="t"), deliver_at=later)
     write(relay_store, keys_in_lane(relay_store, 1, 2, prefix="v"))
-    relay = LaneRelay(relay_store, {"memory": memory}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
     results = await send_group(relay, [0, 1, 2])
     assert [(r.lane, r.scan, r.sent) for r in results] == [
         (0, Scan.FUTURE, 0),
@@ -821,7 +824,7 @@ async def test_a_broker_lost_before_acknowledging_makes_only_its_lane_wait(
     flaky.stall()  # publishes are taken, acknowledgements held back
     write(with_down(relay_store), keys_in_lane(relay_store, 1, 2, prefix="a"), transport="down")
     write(relay_store, keys_in_lane(relay_store, 2, 2, prefix="b"))
-    relay = LaneRelay(relay_store, {"memory": memory, "down": flaky}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory, "down": flaky}), MEMBER)
     batch = asyncio.ensure_future(send_group(relay, [1, 2]))
     await asyncio.sleep(0.2)
     flaky.disconnect("connection lost")  # the held acknowledgements fail

@@ -40,7 +40,7 @@ async def test_notifications_during_an_outage_wait_for_the_backoff(pg_dsn: str) 
     keys = keys_in_distinct_lanes(store, LANES_WRITTEN)
     try:
         await asyncio.wait_for(worker.started.wait(), 30)
-        runtime = worker.runtimes[store.name]
+        runtime = worker.stores[store.name]
         outbox = Outbox(store)
         started = time.monotonic()
         async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
@@ -51,7 +51,7 @@ async def test_notifications_during_an_outage_wait_for_the_backoff(pg_dsn: str) 
                 await conn.commit()
                 await asyncio.sleep(0.04)
         elapsed = time.monotonic() - started
-        attempts = runtime.stats.by_scan.get("unavailable", 0)
+        attempts = runtime.relay.stats.by_scan.get("unavailable", 0)
         assert attempts >= LANES_WRITTEN  # every lane tried, and found the broker down
         # At most one attempt per lane per backoff (and the first), not one per notification.
         assert attempts <= LANES_WRITTEN * (int(elapsed / BACKOFF) + 2), (attempts, elapsed)

@@ -11,9 +11,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from relayer.relay import LaneRelay, Scan
+from relayer.relay.batch import LaneRelay
+from relayer.relay.results import Scan
 from relayer.settings import StoreSettings
 from relayer.transports.kafka import KafkaTransport
+from relayer.transports.routing import Routing
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import BATCH_STORE, keys_in_lane, parked, pending, write
 from tests.unit.transports.test_kafka_producer import FakeProducer, started_fake
@@ -60,7 +62,7 @@ async def test_rows_acknowledged_without_a_place_stay_and_go_again(
     relay_store: StoreSettings, kafka: Any, offsets: list[int | None], first_sent: int
 ) -> None:
     transport, producers = kafka
-    relay = LaneRelay(relay_store, {"kafka": transport}, MEMBER)
+    relay = LaneRelay(relay_store, Routing(relay_store, {"kafka": transport}), MEMBER)
     [key] = keys_in_lane(relay_store, 2, 1)
     write(relay_store, [key], per_key=3)
     producers[0].offsets = list(offsets)

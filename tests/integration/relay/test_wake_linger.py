@@ -12,7 +12,7 @@ import pytest
 
 from relayer import Outbox, lane_for
 from relayer.dispatch.cluster import ClaimRequest, ClaimResult
-from relayer.relay import ScanResult
+from relayer.relay.results import ScanResult
 from relayer.settings import StoreSettings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker
@@ -31,11 +31,11 @@ def keys_in_distinct_lanes(store: StoreSettings, count: int) -> list[str]:
     return list(keys.values())
 
 
-async def sent_all(runtime: Any, store: StoreSettings, rows: int) -> None:
+async def sent_all(served: Any, store: StoreSettings, rows: int) -> None:
     """Wait (up to 15 s) until the worker has counted ``rows`` sent and the outbox is empty (the
     stats are recorded once a batch's result is in)."""
     for _ in range(300):
-        if runtime.stats.sent == rows and pending(store) == 0:
+        if served.relay.stats.sent == rows and pending(store) == 0:
             return
         await asyncio.sleep(0.05)
 
@@ -50,8 +50,8 @@ async def relayed_in_transactions(store: StoreSettings, *, gap: float) -> tuple[
     try:
         await asyncio.wait_for(worker.started.wait(), 30)
         await asyncio.sleep(0.5)  # the first wake-up probe has found the empty outbox
-        runtime = worker.runtimes[store.name]
-        before = runtime.stats.batch_seconds.count
+        runtime = worker.stores[store.name]
+        before = runtime.relay.stats.batch_seconds.count
         outbox = Outbox(store)
         async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
             for key in keys_in_distinct_lanes(store, 3):
@@ -59,7 +59,7 @@ async def relayed_in_transactions(store: StoreSettings, *, gap: float) -> tuple[
                 await conn.commit()
                 await asyncio.sleep(gap)
         await sent_all(runtime, store, 3)
-        return runtime.stats.batch_seconds.count - before, len(memory.received("events"))
+        return runtime.relay.stats.batch_seconds.count - before, len(memory.received("events"))
     finally:
         stop.set()
         await task
@@ -105,7 +105,7 @@ async def test_a_window_is_claimed_as_it_opens_and_its_lanes_ride_on_that_slot(
     overlaps the linger); the lanes woken later in the window go in its batch at the window's
     end, on the one slot it was granted."""
     store, memory, worker = await memory_worker(pg_dsn, "1s")
-    runtime = worker.runtimes[store.name]
+    runtime = worker.stores[store.name]
     assert runtime.gate is not None
     claims: list[tuple[float, int]] = []  # when a claim granted slots, and how many
     acquire = runtime.gate.acquire
@@ -117,14 +117,14 @@ async def test_a_window_is_claimed_as_it_opens_and_its_lanes_ride_on_that_slot(
         return result
 
     batches: list[tuple[float, list[int]]] = []
-    send_lanes = runtime.relay.send_lanes
+    send_lanes = runtime.relay.batch.send_lanes
 
     async def recorded_send_lanes(conn: Any, lanes: Sequence[int]) -> list[ScanResult]:
         batches.append((time.monotonic(), list(lanes)))
         return await send_lanes(conn, lanes)
 
     runtime.gate.acquire = recorded_acquire  # type: ignore[method-assign]
-    runtime.relay.send_lanes = recorded_send_lanes  # type: ignore[method-assign]
+    runtime.relay.batch.send_lanes = recorded_send_lanes  # type: ignore[method-assign]
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -160,7 +160,7 @@ async def test_a_paused_store_sends_no_window_and_every_lane_of_it_goes_once_res
     """The opener's claim is refused while the store is paused: neither it nor the lanes that
     joined its window are sent, and all of them go once the store is resumed."""
     store, memory, worker = await memory_worker(pg_dsn, "200ms")
-    runtime = worker.runtimes[store.name]
+    runtime = worker.stores[store.name]
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -175,7 +175,7 @@ async def test_a_paused_store_sends_no_window_and_every_lane_of_it_goes_once_res
                 await asyncio.sleep(0.05)
         await asyncio.sleep(1.5)  # past the window, its joiners' own due time and a recheck
         assert memory.received("events") == []
-        assert runtime.stats.batch_seconds.count == 0
+        assert runtime.relay.stats.batch_seconds.count == 0
         await asyncio.to_thread(relayer_cli, store, "queue", "resume", store.name, "--by", "t")
         await sent_all(runtime, store, 3)
     finally:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from relayer.relay.runtime import StoreRelay
+from relayer.relay.wakeups import FIRST_PROBE_LANES, probe_parts
 from relayer.store import LaneHead
 from relayer.transports.memory import MemoryTransport
-from relayer.worker import FIRST_PROBE_LANES, StoreRuntime, Worker, probe_parts
+from relayer.worker import Worker
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import keys_in_lane, write
 
@@ -21,9 +23,10 @@ async def test_wake_up_probes_leave_out_lanes_whose_scan_is_settled(pg_dsn: str)
     for lane in (1, 2, 5):
         write(store, keys_in_lane(store, lane, 1))
     worker = Worker([store], transports={store.name: {"memory": MemoryTransport("memory")}})
-    runtime = worker.runtimes[store.name]
+    served = worker.stores[store.name]
+    relay = served.relay
     probes: list[tuple[set[int], list[int]]] = []
-    heads = runtime.prober.heads
+    heads = relay.prober.heads
 
     async def recorded(
         rank: int, members: int, *, skip: Collection[int] = (), lanes: range | None = None
@@ -33,32 +36,34 @@ async def test_wake_up_probes_leave_out_lanes_whose_scan_is_settled(pg_dsn: str)
         probes.append((set(skip), [head.lane for head in found]))
         return found
 
-    runtime.prober.heads = recorded  # type: ignore[method-assign]
+    relay.prober.heads = recorded  # type: ignore[method-assign]
     # Opened, but no worker group runs: the scans the probes schedule stay in the queue.
-    await runtime.open()
+    await served.open()
     try:
-        await woken(runtime)  # its share was new: a full probe
+        await woken(relay)  # its share was new: a full probe
         assert probes == [(set(), [1, 2, 5])]
-        assert runtime.queue.keys() == {1, 2, 5}
+        assert relay.schedule.queue.keys() == {1, 2, 5}
 
         write(store, keys_in_lane(store, 6, 1))
-        runtime.wake_all()  # their heads are known due: only the others are looked up
-        await woken(runtime)
+        relay.wakeups.wake_all()  # their heads are known due: only the others are looked up
+        await woken(relay)
         assert probes[-1] == ({1, 2, 5}, [6])
 
-        (job,) = runtime.queue.claim(runtime.now(), 1)  # lane 1's scan is running
-        runtime.queue.schedule(3, runtime.now() + 60)  # lane 3's scan waits (no head known)
+        (job,) = relay.schedule.queue.claim(relay.schedule.now(), 1)  # lane 1's scan is running
+        relay.schedule.queue.schedule(
+            3, relay.schedule.now() + 60
+        )  # lane 3's scan waits (no head known)
         write(store, keys_in_lane(store, 3, 1) + keys_in_lane(store, 7, 1))
-        runtime.wake_all(fallback=True)  # lanes whose scan waits or runs are left out
-        await woken(runtime)
+        relay.wakeups.wake_all(fallback=True)  # lanes whose scan waits or runs are left out
+        await woken(relay)
         assert probes[-1] == ({1, 2, 3, 5, 6}, [7])
-        runtime.queue.finish(job)
+        relay.schedule.queue.finish(job)
     finally:
-        await runtime.close()
+        await served.close()
 
 
-async def woken(runtime: StoreRuntime) -> None:
-    waking = runtime._waking
+async def woken(relay: StoreRelay) -> None:
+    waking = relay.wakeups._waking
     assert waking is not None
     await waking
 
@@ -75,31 +80,32 @@ async def test_a_wake_up_over_many_lanes_probes_the_first_lanes_first(pg_dsn: st
     for lane in busy:
         write(store, keys_in_lane(store, lane, 1))
     worker = Worker([store], transports={store.name: {"memory": MemoryTransport("memory")}})
-    runtime = worker.runtimes[store.name]
+    served = worker.stores[store.name]
+    relay = served.relay
     probes: list[tuple[range | None, list[int], set[int]]] = []
-    heads = runtime.prober.heads
+    heads = relay.prober.heads
 
     async def recorded(
         rank: int, members: int, *, skip: Collection[int] = (), lanes: range | None = None
     ) -> list[LaneHead]:
         found = await heads(rank, members, skip=skip, lanes=lanes)
         # What was scheduled before this part's heads came back: the earlier parts' lanes.
-        probes.append((lanes, [head.lane for head in found], set(runtime.queue.keys())))
+        probes.append((lanes, [head.lane for head in found], set(relay.schedule.queue.keys())))
         return found
 
-    runtime.prober.heads = recorded  # type: ignore[method-assign]
-    await runtime.open()
+    relay.prober.heads = recorded  # type: ignore[method-assign]
+    await served.open()
     try:
-        await woken(runtime)
+        await woken(relay)
         first, rest = range(FIRST_PROBE_LANES), range(FIRST_PROBE_LANES, lanes)
         in_first = [0, 5, FIRST_PROBE_LANES - 1]
         assert probes == [
             (first, in_first, set()),
             (rest, [FIRST_PROBE_LANES, FIRST_PROBE_LANES + 7, lanes - 1], set(in_first)),
         ]
-        assert runtime.queue.keys() == set(busy)
+        assert relay.schedule.queue.keys() == set(busy)
     finally:
-        await runtime.close()
+        await served.close()
 
 
 def test_probe_parts_split_only_large_shares() -> None:

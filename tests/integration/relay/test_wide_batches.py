@@ -11,10 +11,12 @@ from typing import Any
 import psycopg
 
 from relayer import Outbox
-from relayer.relay import WIDE_BATCH_LANES, ScanResult
+from relayer.relay.batch import WIDE_BATCH_LANES
+from relayer.relay.grouping import SPREAD_LANES
+from relayer.relay.results import ScanResult
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.transports.memory import MemoryTransport
-from relayer.worker import SPREAD_LANES, Worker
+from relayer.worker import Worker
 from tests.conftest import apply_schema, make_store
 from tests.integration.relay.helpers import bodies_by_key, pending
 from tests.integration.relay.test_wake_linger import keys_in_distinct_lanes
@@ -56,8 +58,8 @@ async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_ds
         transports={store.name: {"memory": memory}},
         settings=WorkerSettings(pool_size=2),
     )
-    runtime = worker.runtimes[store.name]
-    sending = runtime.relay.send_lanes
+    runtime = worker.stores[store.name]
+    sending = runtime.relay.batch.send_lanes
     sent_by_batch: list[int] = []  # rows each batch transaction sent, in the order they ended
 
     async def counted(conn: Any, lanes: Sequence[int]) -> list[ScanResult]:
@@ -65,7 +67,7 @@ async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_ds
         sent_by_batch.append(sum(result.sent for result in results))
         return results
 
-    runtime.relay.send_lanes = counted  # type: ignore[method-assign]
+    runtime.relay.batch.send_lanes = counted  # type: ignore[method-assign]
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -110,8 +112,8 @@ async def test_a_backlog_over_more_lanes_than_a_batch_takes_keeps_a_batch_per_sl
         transports={store.name: {"memory": memory}},
         settings=WorkerSettings(pool_size=slots),
     )
-    runtime = worker.runtimes[store.name]
-    sending = runtime.relay.send_lanes
+    runtime = worker.stores[store.name]
+    sending = runtime.relay.batch.send_lanes
     in_flight: list[int] = []  # the batches in flight, each time one starts
     running = ended = 0
 
@@ -125,7 +127,7 @@ async def test_a_backlog_over_more_lanes_than_a_batch_takes_keeps_a_batch_per_sl
             running -= 1
             ended += 1
 
-    runtime.relay.send_lanes = counted  # type: ignore[method-assign]
+    runtime.relay.batch.send_lanes = counted  # type: ignore[method-assign]
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:

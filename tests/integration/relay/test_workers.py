@@ -97,7 +97,7 @@ async def running(
         settings=WorkerSettings(pool_size=6),
         instance_id=name,
     )
-    worker.runtimes[store.name].relay.observer = watch.observer(name)
+    worker.stores[store.name].relay.batch.observer = watch.observer(name)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     await asyncio.wait_for(worker.started.wait(), 10)

@@ -19,11 +19,11 @@ import aiormq
 import pytest
 
 from relayer.errors import TransportError
+from relayer.testing.pipeline import relay_messages
 from relayer.transports import rabbitmq_frames as frames
 from relayer.transports.base import OutgoingMessage, SendError, TransportUnavailableError
 from relayer.transports.rabbitmq import RabbitMQTransport
 from tests.contract.brokers import consume_rabbitmq, unique
-from tests.contract.pacing import publish_in_order
 from tests.services import unavailable
 
 
@@ -540,7 +540,7 @@ async def test_consistent_hash_with_single_active_consumer_queues_keeps_key_orde
             for n in range(per_key)
             for k in range(keys)
         ]
-        assert set(await publish_in_order(transport, messages)) == {None}
+        assert {sent.outcome for sent in await relay_messages(transport, messages)} == {"acked"}
         connection = await aio_pika.connect(rabbitmq_url)
         seen: dict[str, list[int]] = defaultdict(list)
         where: dict[str, set[str]] = defaultdict(set)

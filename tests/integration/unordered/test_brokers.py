@@ -95,4 +95,4 @@ async def test_a_worker_recovers_a_crashed_applications_rows(
     worker = await run_worker_until(store, lambda: set(rows(store)) == {young}, pool_size=3)
     received = await asyncio.to_thread(consume_kafka, kafka_bootstrap, topic, 6)
     assert sorted(message.message_id for message in received) == sorted(map(str, crashed))
-    assert worker.runtimes[store.name].maintenance.recovered == 6
+    assert worker.stores[store.name].maintenance.recovered == 6

@@ -14,6 +14,7 @@ from relayer import Outbox, OutboxMessage
 from relayer.relay.unordered import UnorderedResult, UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.transports.memory import MemoryTransport
+from relayer.transports.routing import Routing
 from tests.integration.unordered.helpers import backdate, memory_store, rows
 
 
@@ -41,7 +42,7 @@ async def recover(
     store: StoreSettings, memory: MemoryTransport, limit: int = 100
 ) -> UnorderedResult:
     async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
-        return await UnorderedSender(store, {"memory": memory}).recover(conn, limit)
+        return await UnorderedSender(store, Routing(store, {"memory": memory})).recover(conn, limit)
 
 
 async def test_only_rows_past_the_grace_period_are_recovered(store: StoreSettings) -> None:

@@ -1,4 +1,4 @@
-"""Scanning: which owned lanes have a due head, learned without taking any lock.
+"""Probes: which owned lanes have a due head, learned without taking any lock.
 
 One read-only query per event-loop turn answers every scan that starts in it (``head``), and
 one query answers for a member's whole share (``heads``: the wake-up after a poll, a reconnect
@@ -22,7 +22,7 @@ class Prober:
     def __init__(
         self, store: RelayStore, connect: Connect | None = None, *, session: Session | None = None
     ) -> None:
-        self._store = store
+        self.statements = store
         self.session = session or Session(store.store, connect, purpose="probe")
         self._probes: Coalescer[LaneHead] = Coalescer(self._probe)
         self.queries = 0
@@ -31,7 +31,7 @@ class Prober:
         return await self._probes.get(lane)
 
     async def _probe(self, lanes: list[int]) -> dict[int, LaneHead]:
-        heads = await self._query(lambda conn: self._store.probe(conn, lanes))
+        heads = await self._query(lambda conn: self.statements.probe(conn, lanes))
         return {head.lane: head for head in heads}
 
     async def heads(
@@ -46,7 +46,7 @@ class Prober:
         (lane % members == rank), leaving out the lanes of ``skip``, in one query; only lanes
         in ``lanes`` (default: every lane)."""
         return await self._query(
-            lambda conn: self._store.probe_share(conn, rank, members, skip=skip, lanes=lanes)
+            lambda conn: self.statements.probe_share(conn, rank, members, skip=skip, lanes=lanes)
         )
 
     async def _query(

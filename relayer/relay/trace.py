@@ -1,46 +1,41 @@
-"""OpenTelemetry tracing (the ``otel`` extra), off unless an SDK tracer provider is configured.
+"""The relay's OpenTelemetry spans (the ``otel`` extra), off unless an SDK tracer provider is
+configured.
 
-Writer: ``with_trace_context`` adds the W3C ``traceparent`` (and ``tracestate``) of the active
-span to a message's headers, unless the caller set them. It imports nothing: if the application
-never imported ``opentelemetry.trace``, no span can be active and the headers pass unchanged.
-``current_trace_ids`` is the same look-up for log lines (relayer.observability.logs).
-
-Relay: ``relay_tracer`` returns None without the extra or without a configured provider, and the
-relay then does no tracing work at all. Otherwise each lane batch gets one ``relayer batch`` span
-(a root: a batch serves many requests) saying how the batch ended, and each message whose stored
+``relay_tracer`` returns None without the extra or without a configured provider, and the relay
+then does no tracing work at all. Otherwise each lane batch gets one ``relayer batch`` span (a
+root: a batch serves many requests) saying how the batch ended, and each message whose stored
 ``traceparent`` is sampled gets a PRODUCER send span (OpenTelemetry's messaging conventions),
-child of the writer's span and linked to its batch, from hand-over to the broker's answer.
-Those spans are made when the batch's outcome is known (with the times the send pipeline
-recorded), so each says what became of its row: ``relayer.outcome`` is one of ``OUTCOMES``.
-A row the batch never tried to send (admission ended, an earlier row of its key failed) gets
-none: its next batch traces it. Unsampled or untraced rows get no per-message span: a span per
-row would cost more than the publish itself. Headers reach the broker unchanged, so a consumer
-that extracts ``traceparent`` continues the writer's trace.
+child of the writer's span (relayer.observability.tracing put its context in the row's headers)
+and linked to its batch, from hand-over to the broker's answer. Those spans are made when the
+batch's outcome is known (with the times the send pipeline recorded), so each says what became
+of its row: ``relayer.outcome`` is one of ``OUTCOMES``. A row the batch never tried to send
+(admission ended, an earlier row of its key failed) gets none: its next batch traces it.
+Unsampled or untraced rows get no per-message span: a span per row would cost more than the
+publish itself. Headers reach the broker unchanged, so a consumer that extracts ``traceparent``
+continues the writer's trace.
 
-Only this module imports opentelemetry.
+Only this module and relayer.observability.tracing name opentelemetry, and both import it
+lazily.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from relayer.observability.tracing import TRACEPARENT
 from relayer.redact import redact
+from relayer.relay.pipeline import FAILED, IN_FLIGHT, SendReport
+from relayer.relay.results import ScanResult
+from relayer.store import LaneRows
+from relayer.transports.base import Transport
+from relayer.transports.routing import Routing, error_type
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Span, Tracer
-
-    from relayer.relay import ScanResult
-    from relayer.relay.pipeline import SendReport
-    from relayer.store import LaneRows
-    from relayer.transports.base import Transport
-
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
 
 # What became of a traced row (``relayer.outcome`` of its send span).
 OUTCOMES = {
@@ -62,37 +57,6 @@ _NO_ACKNOWLEDGEMENT = "no acknowledgement before the batch's deadline; the row i
 _OPERATION_NAMES = {"kafka": "send", "rabbitmq": "publish"}
 
 
-def with_trace_context(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
-    """``headers`` plus the W3C context of the active span, if there is one (writer side)."""
-    trace = sys.modules.get("opentelemetry.trace")
-    if trace is None:  # never imported by the application: no span can be active
-        return headers
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return headers
-    if headers and any(name.lower() == TRACEPARENT for name in headers):
-        return headers  # the caller propagates a context of its own choosing
-    traced = dict(headers) if headers else {}
-    traced[TRACEPARENT] = f"00-{context.trace_id:032x}-{context.span_id:016x}-" + (
-        f"{int(context.trace_flags):02x}"
-    )
-    state = context.trace_state.to_header() if context.trace_state else ""
-    if state:
-        traced[TRACESTATE] = state
-    return traced
-
-
-def current_trace_ids() -> tuple[str, str] | None:
-    """The active span's trace and span id (hex), or None; imports nothing (see above)."""
-    trace = sys.modules.get("opentelemetry.trace")
-    if trace is None:
-        return None
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return None
-    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
-
-
 def relay_tracer(provider: Any | None = None) -> RelayTracer | None:
     """The relay's tracer, or None (tracing off) without the ``otel`` extra, or when neither
     ``provider`` nor OpenTelemetry's global tracer provider is a real (SDK) provider."""
@@ -103,7 +67,7 @@ def relay_tracer(provider: Any | None = None) -> RelayTracer | None:
     provider = provider if provider is not None else trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
-    from relayer import __version__  # not at import: the writer imports this module early
+    from relayer import __version__
 
     return RelayTracer(provider.get_tracer("relayer", __version__))
 
@@ -129,8 +93,7 @@ class RelayTracer:
         self,
         store: str,
         lanes: Sequence[int],
-        transports: Mapping[str, Transport],
-        default_transport: str | None,
+        routing: Routing,
     ) -> Iterator[BatchTrace]:
         """The span of one batch (one transaction over one or more lanes), current while the
         batch runs (its log lines carry its ids; send spans link to it)."""
@@ -139,7 +102,7 @@ class RelayTracer:
             attributes={"relayer.store": store, "relayer.lanes": list(lanes)},
             record_exception=True,
         ) as span:
-            yield BatchTrace(self, span, transports, default_transport)
+            yield BatchTrace(self, span, routing)
 
     def writer_context(self, headers: Mapping[str, str]) -> Context | None:
         """The writer's span context stored in ``headers``, if present and sampled."""
@@ -160,13 +123,11 @@ class BatchTrace:
         self,
         tracer: RelayTracer,
         span: Span,
-        transports: Mapping[str, Transport],
-        default_transport: str | None,
+        routing: Routing,
     ) -> None:
         self.tracer = tracer
         self.span = span
-        self.transports = transports
-        self.default_transport = default_transport
+        self.routing = routing
         self.rows: LaneRows | None = None
         self.report: SendReport | None = None
         self.contexts: dict[int, Context] = {}  # sampled row -> its writer's context
@@ -178,8 +139,6 @@ class BatchTrace:
 
     def sending(self, rows: LaneRows, indexes: Sequence[int]) -> SendReport:
         """The report for the send pipeline of ``indexes``: it times the sampled rows."""
-        from relayer.relay.pipeline import SendReport  # not at import: the writer imports us
-
         headers = rows.batch.headers
         writer_context = self.tracer.writer_context
         contexts: dict[int, Context] = {}
@@ -202,8 +161,6 @@ class BatchTrace:
 
     def rolled_back(self, error: BaseException) -> None:
         """The batch rolled back: its deadline passed (TimeoutError) or the database failed."""
-        from relayer.relay.pipeline import error_type
-
         if isinstance(error, TimeoutError):
             self.rollback = ("deadline", TIMEOUT, "batch deadline passed; rolled back")
         else:
@@ -230,8 +187,8 @@ class BatchTrace:
             if outcome is None:
                 continue  # not tried in this batch: its next batch traces it
             name, kind, description = outcome
-            name_of_transport = rows.transports[index] or self.default_transport
-            transport = self.transports.get(name_of_transport or "")
+            name_of_transport = rows.transports[index] or self.routing.default
+            transport = self.routing.transports.get(name_of_transport or "")
             system = messaging_system(transport) if transport is not None else "_OTHER"
             operation = _OPERATION_NAMES.get(system, "send")
             destination = rows.batch.destinations[index]
@@ -264,8 +221,6 @@ class BatchTrace:
     def _outcome(self, index: int) -> tuple[str, str | None, str] | None:
         """(outcome, error.type or None, description) of a sampled row, or None if the batch
         did not try to send it."""
-        from relayer.relay.pipeline import FAILED, IN_FLIGHT
-
         report = self.report
         assert report is not None
         if index in report.down:
@@ -306,8 +261,6 @@ class BatchTrace:
 
     def _worst(self, results: Sequence[ScanResult], parked: int) -> tuple[str, str | None, str]:
         """The batch's most telling result, with an error type and description for errors."""
-        from relayer.relay.pipeline import IN_FLIGHT
-
         if self.rollback is not None:
             return self.rollback
         report = self.report

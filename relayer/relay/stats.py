@@ -1,13 +1,19 @@
-"""The relay's two histograms: plain bucket arrays, updated once per batch on the event loop.
+"""What one store's relay counts: scans by result, rows sent and parked, and two histograms.
 
-No prometheus_client on the hot path: ``WorkerMetrics`` copies the buckets into its snapshot
-when Prometheus scrapes (relayer.observability.metrics.snapshot).
+The counters are plain fields and the histograms plain bucket arrays, updated once per scan or
+batch on the event loop; no prometheus_client on the hot path. Metrics and the dashboard read
+them (relayer.observability.metrics copies them into a snapshot when Prometheus scrapes); the
+relay never imports them.
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from relayer.relay.results import Scan, ScanResult
 
 BATCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
@@ -114,3 +120,45 @@ def batch_duration_histogram() -> Histogram:
 
 def write_to_ack_histogram() -> Histogram:
     return Histogram(LATENCY_BUCKETS)
+
+
+@dataclass(slots=True)
+class StoreStats:
+    """Counters of one store in this worker (read by status displays and metrics)."""
+
+    sent: int = 0
+    failed: int = 0
+    gave_up: int = 0
+    batches: int = 0
+    rollbacks: int = 0
+    scans: int = 0
+    by_scan: dict[str, int] = field(default_factory=dict)
+    last_error: str = ""
+    # Updated once per batch, exported by relayer.observability.metrics when Prometheus scrapes.
+    batch_seconds: Histogram = field(default_factory=batch_duration_histogram)
+    write_to_ack_seconds: Histogram = field(default_factory=write_to_ack_histogram)
+
+    def record(self, result: ScanResult) -> None:
+        """Count one lane scan (its acknowledged rows' ages: ``observe_acked``, per batch)."""
+        self.scans += 1
+        name = result.scan.value  # an enum's value is a descriptor call: asked once
+        self.by_scan[name] = self.by_scan.get(name, 0) + 1
+        if result.scan is Scan.SENT:
+            self.batches += 1
+            self.sent += result.sent
+            self.failed += result.failed
+            self.gave_up += result.gave_up
+        elif result.scan in (Scan.FAILED, Scan.UNAVAILABLE):
+            self.rollbacks += 1
+            self.last_error = result.detail
+
+    def observe_acked(self, results: Iterable[ScanResult], *, now_ms: int | None = None) -> None:
+        """Record the write-to-ack age (at ``now_ms``, default now) of every row a batch
+        transaction's lanes had acknowledged, in one pass over the batch (each lane's ids
+        ascend: sorting their concatenation merges runs), not one per lane."""
+        acked = [message_id for result in results for message_id in result.acked]
+        if acked:
+            acked.sort()
+            if now_ms is None:
+                now_ms = time.time_ns() // 1_000_000
+            self.write_to_ack_seconds.observe_ages(acked, now_ms)
