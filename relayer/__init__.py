@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from relayer.settings import RelayerSettings, StoreSettings, TransportSettings, load_settings
     from relayer.writer.after_commit import BackgroundDispatcher, UnorderedDispatcher
     from relayer.writer.ids import uuid7
+    from relayer.worker.worker import Worker
     from relayer.writer.outbox import Outbox, OutboxMessage
 
 # The public names, imported on first use (PEP 562): ``relayer --version`` or ``import
@@ -41,6 +42,7 @@ _LAZY = {
     "StoreSettings": "relayer.settings",
     "TransportSettings": "relayer.settings",
     "load_settings": "relayer.settings",
+    "Worker": "relayer.worker.worker",
     "Outbox": "relayer.writer.outbox",
     "OutboxMessage": "relayer.writer.outbox",
 }
@@ -81,6 +83,7 @@ __all__ = [
     "StoreSettings",
     "TransportError",
     "TransportSettings",
+    "Worker",
     "__version__",
     "fnv1a_32",
     "lane_for",

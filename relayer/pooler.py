@@ -16,6 +16,8 @@ from typing import Literal
 
 from psycopg.conninfo import conninfo_to_dict
 
+from relayer.deadlines import Deadlines
+
 Pooler = Literal["none", "transaction"]
 POOLERS: tuple[Pooler, ...] = ("none", "transaction")
 POOLER_RULE = (
@@ -49,7 +51,7 @@ def idle_timeout(lease: timedelta) -> timedelta:
     claimed rows: a batch ends within half a lease (its deadline), so three quarters of one
     is never reached by a live owner; a silently partitioned owner's backend is ended then,
     freeing the lease row's lock before the lease expires."""
-    return lease * 3 / 4
+    return timedelta(seconds=Deadlines.of(lease).idle_in_transaction)
 
 
 def idle_timeout_setting(lease: timedelta) -> str:

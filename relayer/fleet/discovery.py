@@ -24,6 +24,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from relayer.deadlines import Deadlines
 from relayer.dispatch.control import ensure_limit
 from relayer.errors import ConfigurationError, RelayerError, UsageError
 from relayer.fleet.sources import DiscoveryError, Row, read_source
@@ -303,7 +304,7 @@ class Fleet:
         built = self._build_transports(template)
         try:
             await self.worker.shared_transports.acquire(
-                built.values(), close_within=template.lease_duration.total_seconds() / 2
+                built.values(), close_within=Deadlines.of(template.lease_duration).stop
             )
         except Exception as exc:
             self._log.warning(
@@ -323,7 +324,7 @@ class Fleet:
         held = self._transports.pop(template.name, None)
         if held is not None:
             await self.worker.shared_transports.release(
-                held.values(), close_within=template.lease_duration.total_seconds() / 2
+                held.values(), close_within=Deadlines.of(template.lease_duration).stop
             )
 
     async def _join(

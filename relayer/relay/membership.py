@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from relayer.deadlines import Deadlines
 from relayer.errors import StoreError
 from relayer.observability.throttle import ThrottledLog
 from relayer.settings import StoreSettings
@@ -77,7 +78,8 @@ class Membership:
         self.rank = -1
         self.lanes: frozenset[int] = frozenset()
         self.last_beat: float | None = None
-        self.interval = store.lease_duration.total_seconds() / 3
+        self.deadlines = Deadlines.of(store.lease_duration)
+        self.interval = self.deadlines.heartbeat
         self.joined = asyncio.Event()
         # Heartbeats are retried every second while the database is down: one line per cause.
         self.log = ThrottledLog(logger)
@@ -145,7 +147,7 @@ class Membership:
         """True when no heartbeat succeeded for a whole lease: stop sending."""
         if self.last_beat is None:
             return True
-        return self._clock() - self.last_beat >= self.store.lease_duration.total_seconds()
+        return self._clock() - self.last_beat >= self.deadlines.lease
 
     async def run(self, stop: asyncio.Event) -> None:
         """Heartbeat every lease/3 until ``stop`` is set; retry sooner after a failure.

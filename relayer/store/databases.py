@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from psycopg.conninfo import conninfo_to_dict
 
 from relayer.connection import connect
+from relayer.deadlines import Deadlines
 from relayer.errors import ConfigurationError
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store.budget import BatchPool, ConnectionBudget
@@ -169,7 +170,7 @@ class Database:
             settings=batch_settings(store),
             max_idle=max_idle,
             # Connecting must end well within a lease: the scan waiting for it holds a slot.
-            timeout=max(store.lease_duration.total_seconds() / 4, 1.0),
+            timeout=max(Deadlines.of(store.lease_duration).connection_wait, 1.0),
         )
         self.stores: dict[str, StoreSettings] = {}
         self._reserved = 0

@@ -16,6 +16,7 @@ from datetime import timedelta
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from relayer.deadlines import Deadlines
 from relayer.errors import ConfigurationError, install_command
 from relayer.settings import StoreSettings, TransportSettings
 from relayer.transports.base import Transport
@@ -85,8 +86,11 @@ def create_transport(
 def create_transports(
     store: StoreSettings, *, batch_deadline: timedelta | None = None
 ) -> dict[str, Transport]:
-    """Every transport of ``store``, by name. The batch deadline defaults to lease / 2."""
-    deadline = batch_deadline if batch_deadline is not None else store.lease_duration / 2
+    """Every transport of ``store``, by name. The batch deadline defaults to the store's
+    (lease_duration / 2: relayer.deadlines)."""
+    if batch_deadline is None:
+        batch_deadline = timedelta(seconds=Deadlines.of(store.lease_duration).batch)
+    deadline = batch_deadline
     return {
         name: create_transport(store.name, name, settings, batch_deadline=deadline)
         for name, settings in store.transports.items()
