@@ -1,25 +1,29 @@
-"""``relayer status``: what a store's cluster is doing, read in one go."""
+"""``relayer status``: what a store's cluster is doing, read in one go; ``status --all``:
+one line per store, read database by database (the statements: relayer.store.status)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-import psycopg
+from typing import TYPE_CHECKING
 
 from relayer.connection import connect
 from relayer.errors import ConfigurationError, RelayerError
-from relayer.lanes import UNORDERED_LANE
 from relayer.operations.health import StoreHealth, read_health
-from relayer.operations.parked import ParkedKey, read_parked
 from relayer.operations.schema import require_schema
 from relayer.redact import redact
 from relayer.relay.membership import share
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
+from relayer.store.driver import Connection, is_broken
+from relayer.store.parked import ParkedKey, read_parked
+from relayer.store.status import (
+    LanePending,
+    Member,
+    StoreSummary,
+    read_cluster,
+    read_summary_line,
+)
 
 if TYPE_CHECKING:
     from relayer.fleet.templates import TemplateSettings
@@ -28,20 +32,6 @@ if TYPE_CHECKING:
 SUMMARY_CONNECTIONS = 4
 # How long ``status --all`` waits for one database's stores before reporting it unreachable.
 SUMMARY_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    instance: str
-    expires_at: datetime
-    age_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class LanePending:
-    lane: int | None  # None: unordered rows
-    rows: int
-    oldest_age_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,24 +56,23 @@ class StoreStatus:
         return max((lane.oldest_age_seconds for lane in self.pending), default=0.0)
 
 
-async def read_status(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreStatus:
+async def read_status(conn: Connection, store: StoreSettings) -> StoreStatus:
     """The store's state; SchemaNotAppliedError (saying what to run) before `schema apply`."""
     await require_schema(conn, store)
-    queries = queries_for(store.names)
-    cursor = await conn.execute(queries["status_members"])
-    members = tuple(Member(row[0], row[1], float(row[2])) for row in await cursor.fetchall())
-    cursor = await conn.execute(queries["status_lane_owners"])
-    leases = {int(row[0]): str(row[1]) for row in await cursor.fetchall()}
-    owners = _owners(leases, [member.instance for member in members], store.lanes)
-    cursor = await conn.execute(queries["status_pending"])
-    pending = tuple(
-        LanePending(None if row[0] == UNORDERED_LANE else int(row[0]), int(row[1]), float(row[2]))
-        for row in await cursor.fetchall()
-    )
+    cluster = await read_cluster(conn, store)
+    leases = dict(cluster.leases)
+    owners = _owners(leases, [member.instance for member in cluster.members], store.lanes)
     parked = tuple(await read_parked(conn, store))
     health = await read_health(conn, store)
     return StoreStatus(
-        store.name, store.lanes, members, owners, pending, parked, health, tuple(sorted(leases))
+        store.name,
+        store.lanes,
+        cluster.members,
+        owners,
+        cluster.pending,
+        parked,
+        health,
+        tuple(sorted(leases)),
     )
 
 
@@ -97,42 +86,10 @@ def _owners(leases: dict[int, str], members: list[str], lanes: int) -> dict[int,
     return dict(sorted(owners.items()))
 
 
-@dataclass(frozen=True, slots=True)
-class StoreSummary:
-    """One line of ``relayer status --all``: a store's backlog, parked keys and members, or
-    why it could not be read (``error``)."""
-
-    store: str
-    pending: int = 0
-    oldest_age_seconds: float = 0.0
-    parked: int = 0
-    waiting_for_operator: int = 0
-    members: int = 0
-    error: str = ""
-
-    @property
-    def rank(self) -> tuple[int, int, float, int, str]:
-        """Worst first: unreadable, then keys waiting for an operator, then the oldest row,
-        the longest backlog; by name last."""
-        return (
-            0 if self.error else 1,
-            -self.waiting_for_operator,
-            -self.oldest_age_seconds,
-            -self.pending,
-            self.store,
-        )
-
-
-async def read_summary(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreSummary:
+async def read_summary(conn: Connection, store: StoreSettings) -> StoreSummary:
     """``store``'s line of ``status --all`` in one statement (after the schema check)."""
     await require_schema(conn, store)
-    cursor = await conn.execute(queries_for(store.names)["status_summary"])
-    row = await cursor.fetchone()
-    assert row is not None
-    pending, oldest, parked, waiting, members = row
-    return StoreSummary(
-        store.name, int(pending), float(oldest or 0.0), int(parked), int(waiting), int(members)
-    )
+    return await read_summary_line(conn, store)
 
 
 async def read_summaries(
@@ -159,8 +116,8 @@ async def read_summaries(
                 for store in group:
                     try:
                         summary = await read_summary(conn, store)
-                    except (RelayerError, psycopg.Error) as exc:
-                        if conn.broken:
+                    except RelayerError as exc:
+                        if is_broken(conn):
                             raise
                         summary = StoreSummary(store.name, error=_first_line(exc))
                     found.append(summary)
@@ -168,7 +125,7 @@ async def read_summaries(
         except TimeoutError:
             error = f"no answer within {SUMMARY_TIMEOUT:g} s"
             found.extend(StoreSummary(s.name, error=error) for s in group if s.name not in done)
-        except (RelayerError, psycopg.Error) as exc:
+        except RelayerError as exc:
             error = _first_line(exc)
             found.extend(StoreSummary(s.name, error=error) for s in group if s.name not in done)
         finally:
@@ -233,3 +190,19 @@ async def fleet_stores(
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return redact(text.splitlines()[0]) if text else type(exc).__name__
+
+
+__all__ = [
+    "SUMMARY_CONNECTIONS",
+    "SUMMARY_TIMEOUT",
+    "LanePending",
+    "Member",
+    "StoreStatus",
+    "StoreSummary",
+    "TemplateListing",
+    "fleet_stores",
+    "list_template",
+    "read_status",
+    "read_summaries",
+    "read_summary",
+]

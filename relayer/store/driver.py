@@ -45,6 +45,23 @@ def translated(store: StoreSettings, doing: str) -> Iterator[None]:
         raise store_error(store, doing, exc) from exc
 
 
+def verbatim_error(exc: BaseException) -> StoreError:
+    """``exc`` (a driver or socket error) as a StoreError in the driver's own words, redacted
+    and without a prefix: the operator commands and the dashboard show the server's message as
+    it came (a line of ``status --all``, a page's error), where the store is named already."""
+    return StoreError(redact(str(exc)).strip() or type(exc).__name__)
+
+
+@contextmanager
+def translated_verbatim() -> Iterator[None]:
+    """Raise driver errors of the block as :func:`verbatim_error` (relayer errors pass
+    unchanged)."""
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise verbatim_error(exc) from exc
+
+
 def is_broken(conn: Connection | None) -> bool:
     """True when ``conn`` cannot be used again (the caller forgets it and reconnects)."""
     return conn is None or conn.closed or conn.broken
