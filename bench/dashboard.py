@@ -23,14 +23,14 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` imp
 
 import psycopg
 from psycopg import sql
-from psycopg_pool import AsyncConnectionPool
 
 from bench.common import machine, postgres, scratch_schema, server_version
-from relayer.dashboard import reads
 from relayer.dashboard.sampler import COUNT_CAP, PARKED_CAP, StoreSampler
 from relayer.operations import schema
 from relayer.settings import StoreSettings, store_settings
 from relayer.sql import queries_for
+from relayer.store.dashboard import DashboardPool
+from relayer.store.inspection import ParkedFilter, parked_page
 
 FILL = """
 INSERT INTO {outbox} (id, lane, ordering_key, destination, body)
@@ -57,7 +57,6 @@ async def timed(conn: psycopg.AsyncConnection[Any], query: str, params: Any = No
 
 
 async def measure(store: StoreSettings, rounds: int) -> None:
-    queries = queries_for(store.names)
     statements: list[tuple[str, Any]] = [
         (
             "dash_lane_map",
@@ -72,39 +71,48 @@ async def measure(store: StoreSettings, rounds: int) -> None:
         ),
         ("dash_unordered_head", None),
     ]
-    async with AsyncConnectionPool(
-        store.require_dsn(), min_size=1, max_size=2, open=False, kwargs={"autocommit": True}
-    ) as pool:
-        sampler = StoreSampler(store, pool)
-        await sampler.sample()  # warm the cache
-        totals = [await sampler.sample() * 1000 for _ in range(rounds)]
-        print(
-            f"snapshot: median {statistics.median(totals):,.0f} ms, "
-            f"best {min(totals):,.0f} ms over {rounds} rounds (budget 200 ms)"
+    pool = DashboardPool(store, max_size=2, timeout=30.0)
+    await pool.open()
+    try:
+        await _measure_on(pool, store, statements, rounds)
+    finally:
+        await pool.close()
+
+
+async def _measure_on(
+    pool: DashboardPool, store: StoreSettings, statements: list[tuple[str, Any]], rounds: int
+) -> None:
+    queries = queries_for(store.names)
+    sampler = StoreSampler(store, pool)
+    await sampler.sample()  # warm the cache
+    totals = [await sampler.sample() * 1000 for _ in range(rounds)]
+    print(
+        f"snapshot: median {statistics.median(totals):,.0f} ms, "
+        f"best {min(totals):,.0f} ms over {rounds} rounds (budget 200 ms)"
+    )
+    async with pool.connection() as conn:
+        for name, params in statements:
+            times = [await timed(conn, queries[name], params) for _ in range(rounds)]
+            print(f"  {name:<22} median {statistics.median(times):8,.1f} ms")
+        started = time.perf_counter()
+        listing = await parked_page(conn, store, ParkedFilter())
+        page = (time.perf_counter() - started) * 1000
+        started = time.perf_counter()
+        second = await parked_page(
+            conn, store, ParkedFilter(), as_of=listing.as_of, after=listing.next_after
         )
-        async with pool.connection() as conn:
-            for name, params in statements:
-                times = [await timed(conn, queries[name], params) for _ in range(rounds)]
-                print(f"  {name:<22} median {statistics.median(times):8,.1f} ms")
-            started = time.perf_counter()
-            listing = await reads.parked_page(conn, store, reads.ParkedFilter())
-            page = (time.perf_counter() - started) * 1000
-            started = time.perf_counter()
-            second = await reads.parked_page(
-                conn, store, reads.ParkedFilter(), as_of=listing.as_of, after=listing.next_after
-            )
-            following = (time.perf_counter() - started) * 1000
-            print(
-                f"parked keys: first page {page:,.1f} ms ({len(listing.keys)} of "
-                f"{listing.matching}), next page {following:,.1f} ms ({len(second.keys)})"
-            )
-        refine = await sampler.refine()
-        print(f"refinement (pending rows per lane, whole table): {refine * 1000:,.0f} ms")
-        assert sampler.snapshot is not None
+        following = (time.perf_counter() - started) * 1000
         print(
-            f"payload: {len(sampler.snapshot.lane_map.states):,} bytes of lane states "
-            f"({(len(sampler.snapshot.lane_map.states) + 2) // 3 * 4:,} base64 characters)"
+            f"parked keys: first page {page:,.1f} ms ({len(listing.keys)} of "
+            f"{listing.matching}), next page {following:,.1f} ms ({len(second.keys)})"
         )
+    refine = await sampler.refine()
+    print(f"refinement (pending rows per lane, whole table): {refine * 1000:,.0f} ms")
+    assert sampler.snapshot is not None
+    print(
+        f"payload: {len(sampler.snapshot.lane_map.states):,} bytes of lane states "
+        f"({(len(sampler.snapshot.lane_map.states) + 2) // 3 * 4:,} base64 characters)"
+    )
 
 
 def main() -> None:

@@ -14,18 +14,14 @@ from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, Context
 from relayer.connection import connect
 from relayer.dispatch.control import (
-    LIMIT_RULE,
     QueueControl,
     QueueStatus,
-    check_limit,
     default_actor,
     require_dispatch_schema,
 )
 from relayer.dispatch.policies import ALL_QUEUES
-from relayer.errors import ConfigurationError
+from relayer.operations.queues import parse_limit
 from relayer.settings import StoreSettings
-
-_CLI_LIMIT_RULE = LIMIT_RULE.replace("None ('none' on the command line)", "'none'")
 
 
 def register(commands: Any) -> None:
@@ -61,21 +57,6 @@ def register(commands: Any) -> None:
     status.add_argument("store", help="the store's name in the configuration")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(handler=_status)
-
-
-def parse_limit(text: str) -> int | None:
-    """``N`` (an integer from 1 to 2**31 - 1) or ``none``; anything else is a
-    ConfigurationError."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigurationError("limit", text, _CLI_LIMIT_RULE) from None
-    try:
-        return check_limit(value)
-    except ConfigurationError:
-        raise ConfigurationError("limit", value, _CLI_LIMIT_RULE) from None
 
 
 async def _pause(context: Context) -> int:

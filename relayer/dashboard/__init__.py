@@ -1,8 +1,16 @@
 """``relayer dashboard``: the operations web page (needs the ``dashboard`` extra).
 
-Reads the stores' own tables (no worker needed; any number of dashboards at once), one sampler
-per store shared by every viewer; changes go through the CLI's service functions with a guard
-and an audit row. Read-only unless started with a token. See docs/dashboard.md.
+Reads the stores' own tables through the store gateway (no worker needed; any number of
+dashboards at once), one sampler per store shared by every viewer; changes go through the
+service functions the CLI uses too (relayer.operations) with a guard and an audit row.
+Read-only unless started with a token. See docs/dashboard.md.
+
+Modules: ``app`` (the ASGI application), ``routes`` (paths and their guard), ``site`` (what
+every page shares: stores, templates, live fragments, the event stream), ``pages``,
+``parked_pages`` and ``sessions`` (the handlers), ``params`` (checked request parameters),
+``stores`` and ``sampler`` (one pool and one sampler per open store), ``actions`` (changes and
+bulk runs), ``diagnosis`` (why a lane is not moving), ``lanes`` (the heat map's encoding),
+``security`` and ``format``.
 """
 
 from __future__ import annotations

@@ -14,15 +14,14 @@ import contextlib
 import itertools
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
-from relayer.dashboard.reads import ParkedFilter, parked_page
-from relayer.dispatch.control import QueueControl, check_limit, require_dispatch_schema
+from relayer.dispatch.control import require_dispatch_schema
 from relayer.operations import parked
+from relayer.operations.queues import change_queue as change_queue_of
 from relayer.redact import redact
 from relayer.settings import StoreSettings
+from relayer.store.dashboard import DashboardPool
+from relayer.store.inspection import ParkedFilter, parked_page
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ def clean_reason(reason: str | None) -> str | None:
 
 
 async def change_key(
-    pool: AsyncConnectionPool[Any],
+    pool: DashboardPool,
     store: StoreSettings,
     key: str,
     action: str,
@@ -67,7 +66,7 @@ async def change_key(
 
 
 async def change_queue(
-    pool: AsyncConnectionPool[Any],
+    pool: DashboardPool,
     store: StoreSettings,
     action: str,
     *,
@@ -78,17 +77,9 @@ async def change_queue(
 ) -> None:
     """``pause``/``resume`` ``queue`` (None: every queue, the '*' pause) or set its ``limit``."""
     async with pool.connection() as conn:
-        await require_dispatch_schema(conn, store)
-        control = QueueControl(conn, store.names)
-        by = queue_actor(actor)
-        if action == "pause":
-            await control.pause(queue, reason=reason, by=by)
-        elif action == "resume":
-            await control.resume(queue, reason=reason, by=by)
-        elif action == "limit":
-            await control.set_limit(queue or store.name, check_limit(limit), reason=reason, by=by)
-        else:
-            raise ValueError(f"unknown queue action {action!r}")
+        await change_queue_of(
+            conn, store, action, queue=queue, by=queue_actor(actor), reason=reason, limit=limit
+        )
 
 
 @dataclass(slots=True)
@@ -121,7 +112,7 @@ class BulkRuns:
 
     def start(
         self,
-        pool: AsyncConnectionPool[Any],
+        pool: DashboardPool,
         store: StoreSettings,
         action: str,
         where: ParkedFilter,
@@ -152,9 +143,7 @@ class BulkRuns:
                 with contextlib.suppress(asyncio.CancelledError):
                     await run.task
 
-    async def _run(
-        self, pool: AsyncConnectionPool[Any], store: StoreSettings, run: BulkRun
-    ) -> None:
+    async def _run(self, pool: DashboardPool, store: StoreSettings, run: BulkRun) -> None:
         who = parked.Actor(SOURCE, run.actor)
         try:
             async with pool.connection() as conn:

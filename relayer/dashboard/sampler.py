@@ -16,22 +16,26 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
-
-import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from relayer.dashboard.lanes import LaneMap, lane_map, pending_map
-from relayer.dispatch.control import QueueControl, QueueStatus
+from relayer.dispatch.control import QueueStatus
+from relayer.errors import StoreError
 from relayer.redact import redact
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
+from relayer.store.dashboard import (
+    COUNT_CAP,
+    PARKED_CAP,
+    TOP_LANES,
+    Capped,
+    DashboardPool,
+    LiveMember,
+    SnapshotReading,
+    read_lane_counts,
+    read_snapshot,
+)
 
 logger = logging.getLogger(__name__)
 
-COUNT_CAP = 10_000  # counts shown exactly up to this, then "10,000+"
-PARKED_CAP = 100_000  # parked keys read per snapshot for the heat map
-TOP_LANES = 50
 RATE_BUCKET = 10.0  # seconds per bucket of the send-rate chart
 RATE_BUCKETS = 360  # one hour
 MAX_BACKOFF = 30.0
@@ -47,17 +51,6 @@ class MemberView:
     heartbeat_age: float
     lanes: int  # leased right now
     owned: int = 0  # its share: lanes with lane % members == rank (the heartbeat's ranking)
-
-
-@dataclass(frozen=True, slots=True)
-class Capped:
-    """A count read with a cap: ``value`` is exact unless ``more`` (then at least ``value``)."""
-
-    value: int
-    more: bool
-
-    def __str__(self) -> str:
-        return f"{self.value:,}+" if self.more else f"{self.value:,}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +128,7 @@ class StoreSampler:
     def __init__(
         self,
         store: StoreSettings,
-        pool: AsyncConnectionPool[Any],
+        pool: DashboardPool,
         *,
         interval: float = 2.0,
         refine_interval: float = 30.0,
@@ -152,7 +145,6 @@ class StoreSampler:
         self._version = 0
         self._changed = asyncio.Condition()
         self._heads_seen: dict[int, tuple[int, float]] = {}
-        self._queries = queries_for(store.names)
         self._wake = asyncio.Event()
         self._closed = False
 
@@ -196,7 +188,7 @@ class StoreSampler:
                 failures = 0
                 if what == "snapshot":
                     self.error = None
-            except (psycopg.Error, OSError, TimeoutError) as exc:
+            except (StoreError, TimeoutError) as exc:
                 failures += 1
                 seconds = 0.0
                 text = redact(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
@@ -226,93 +218,47 @@ class StoreSampler:
     async def sample(self) -> float:
         """Take one snapshot and publish it; returns how long it took (seconds)."""
         started = time.perf_counter()
-        store, queries = self.store, self._queries
-        stall_after = store.lease_duration.total_seconds()
+        stall_after = self.store.lease_duration.total_seconds()
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(
-                queries["dash_lane_map"],
-                {
-                    "lanes": store.lanes,
-                    "cap": PARKED_CAP,
-                    "top": TOP_LANES,
-                    "stall_after": stall_after,
-                },
-            )
-            lane_row = await cursor.fetchone()
-            assert lane_row is not None
-            cursor = await conn.execute(queries["dash_parked_totals"], {"cap": PARKED_CAP})
-            parked_row = await cursor.fetchone()
-            assert parked_row is not None
-            cursor = await conn.execute(queries["dash_members"])
-            member_rows = await cursor.fetchall()
-            cursor = await conn.execute(queries["dash_pending_capped"], {"cap": COUNT_CAP + 1})
-            pending_row = await cursor.fetchone()
-            cursor = await conn.execute(
-                queries["dash_table_counters"],
-                {"schema": store.db_schema, "table": store.names.table("outbox")},
-            )
-            counters = await cursor.fetchone()
-            cursor = await conn.execute(queries["dash_unordered_head"])
-            unordered = await cursor.fetchone()
-            cursor = await conn.execute(
-                queries["dash_batches_open"], {"application": f"relayer:{store.name}:batch"}
-            )
-            batches = await cursor.fetchone()
-            queues = await QueueControl(conn, store.names).status([store.name])
-        candidates = {int(lane): int(tail) for lane, tail in lane_row[7]}
-        stalled = self._stalled(candidates, time.monotonic(), stall_after)
-        lanes_map = lane_map(store.lanes, lane_row, stalled)
-        owned = _owned_lanes(lanes_map)
-        live = len(member_rows)
-        members = tuple(
-            MemberView(
-                instance=str(instance),
-                host=str(instance).split(":", 1)[0],
-                since=since,
-                heartbeat=renewed,
-                heartbeat_age=float(age),
-                lanes=owned.get(str(instance), 0),
-                # Rows come in the database's order of owners, the heartbeat's rank order.
-                owned=len(range(rank, store.lanes, live)),
-            )
-            for rank, (instance, since, renewed, _expires, age) in enumerate(member_rows)
-        )
-        parked_keys, operator = int(parked_row[0]), int(parked_row[1])
-        if counters is not None:
-            self.rates.add(time.time(), int(counters[2]), int(counters[3]), int(counters[4]))
-        pending_count = int(pending_row[0]) if pending_row else 0
+            reading = await read_snapshot(conn, self.store, stall_after=stall_after)
+        stalled = self._stalled(dict(reading.stall_candidates), time.monotonic(), stall_after)
+        lanes = lane_map(self.store.lanes, reading.lane_heads, stalled)
+        if reading.counters is not None:
+            counters = reading.counters
+            self.rates.add(time.time(), counters.inserted, counters.updated, counters.deleted)
         duration = time.perf_counter() - started
         self._version += 1
-        snapshot = Snapshot(
-            store=store.name,
-            version=self._version,
-            taken_at=time.time(),
-            duration_ms=duration * 1000,
-            lanes=store.lanes,
-            members=members,
-            lane_map=lanes_map,
-            pending=Capped(min(pending_count, COUNT_CAP), pending_count > COUNT_CAP),
-            pending_estimate=max(int(counters[0]), int(counters[1])) if counters else 0,
-            unordered_age_seconds=float(unordered[0]) if unordered else 0.0,
-            parked_operator=operator,
-            parked_retrying=parked_keys - operator,
-            parked_more=parked_keys >= PARKED_CAP,
-            batches_open=int(batches[0]) if batches else 0,
-            queues=queues,
-        )
+        snapshot = self._snapshot(reading, lanes, duration)
         async with self._changed:
             self.snapshot = snapshot
             self._changed.notify_all()
         return duration
 
+    def _snapshot(self, reading: SnapshotReading, lanes: LaneMap, duration: float) -> Snapshot:
+        counters = reading.counters
+        return Snapshot(
+            store=self.store.name,
+            version=self._version,
+            taken_at=time.time(),
+            duration_ms=duration * 1000,
+            lanes=self.store.lanes,
+            members=_members(reading.members, lanes, self.store.lanes),
+            lane_map=lanes,
+            pending=Capped.of(reading.pending),
+            pending_estimate=max(counters.estimated_rows, counters.live_rows) if counters else 0,
+            unordered_age_seconds=reading.unordered_age_seconds,
+            parked_operator=reading.parked_operator,
+            parked_retrying=reading.parked_keys - reading.parked_operator,
+            parked_more=reading.parked_keys >= PARKED_CAP,
+            batches_open=reading.batches_open,
+            queues=reading.queues,
+        )
+
     async def refine(self) -> float:
         started = time.perf_counter()
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute(self._queries["dash_statement_timeout"], {"timeout": REFINE_TIMEOUT})
-            cursor = await conn.execute(self._queries["dash_lane_counts"])
-            row = await cursor.fetchone()
-        assert row is not None
-        counts = {int(lane): int(rows) for lane, rows in zip(row[0], row[1], strict=True)}
+        async with self.pool.connection() as conn:
+            counted = await read_lane_counts(conn, self.store, statement_timeout=REFINE_TIMEOUT)
+        counts = dict(counted)
         duration = time.perf_counter() - started
         self.refinement = Refinement(
             taken_at=time.time(),
@@ -338,6 +284,24 @@ class StoreSampler:
         return stalled
 
 
+def _members(live: tuple[LiveMember, ...], lanes: LaneMap, count: int) -> tuple[MemberView, ...]:
+    """The live members with the lanes each holds now and its share: they come in the
+    heartbeat's rank order (the database's order of owners)."""
+    held = _owned_lanes(lanes)
+    return tuple(
+        MemberView(
+            instance=member.instance,
+            host=member.instance.split(":", 1)[0],
+            since=member.since,
+            heartbeat=member.heartbeat,
+            heartbeat_age=member.heartbeat_age,
+            lanes=held.get(member.instance, 0),
+            owned=len(range(rank, count, len(live))),
+        )
+        for rank, member in enumerate(live)
+    )
+
+
 def _owned_lanes(lanes: LaneMap) -> dict[str, int]:
     """Lanes held per owner, from the owner bytes."""
     held = [0] * (len(lanes.owners) + 1)
@@ -345,3 +309,16 @@ def _owned_lanes(lanes: LaneMap) -> dict[str, int]:
         if 0 < index <= len(lanes.owners):
             held[index] = lanes.owner_bytes.count(index)
     return {name: held[number] for number, name in enumerate(lanes.owners, 1)}
+
+
+__all__ = [
+    "COUNT_CAP",
+    "PARKED_CAP",
+    "TOP_LANES",
+    "Capped",
+    "MemberView",
+    "RateHistory",
+    "Refinement",
+    "Snapshot",
+    "StoreSampler",
+]

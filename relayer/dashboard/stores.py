@@ -16,17 +16,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
-
-from relayer.connection import connection_kwargs
-from relayer.dashboard import reads
 from relayer.dashboard.sampler import StoreSampler
 from relayer.fleet.sources import DiscoveryError
 from relayer.fleet.templates import TemplateSettings
 from relayer.operations.status import TemplateListing, list_template
 from relayer.settings import StoreSettings
+from relayer.store.dashboard import DashboardPool
+from relayer.store.inspection import HealthView, health_view
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +41,11 @@ class StoreContext:
     """One store of the dashboard: its settings, pool, sampler and rendered fragments."""
 
     store: StoreSettings
-    pool: AsyncConnectionPool[Any]
+    pool: DashboardPool
     sampler: StoreSampler
     fragments: dict[tuple[str, bool], tuple[int, dict[str, str]]] = field(default_factory=dict)
     render_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    health: tuple[float, reads.HealthView] | None = None
+    health: tuple[float, HealthView] | None = None
     task: asyncio.Task[None] | None = None  # the sampler's, while open
     closed: bool = False
 
@@ -56,20 +53,12 @@ class StoreContext:
     def create(
         cls, store: StoreSettings, *, interval: float, refine_interval: float
     ) -> StoreContext:
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            store.require_dsn(),
-            min_size=1,
-            max_size=POOL_SIZE,
-            open=False,
-            timeout=POOL_TIMEOUT,
-            kwargs=connection_kwargs(store, autocommit=True, name=f"{store.name}:dashboard"),
-            name=f"relayer-dashboard-{store.name}",
-        )
+        pool = DashboardPool(store, max_size=POOL_SIZE, timeout=POOL_TIMEOUT)
         sampler = StoreSampler(store, pool, interval=interval, refine_interval=refine_interval)
         return cls(store, pool, sampler)
 
     async def open(self) -> None:
-        await self.pool.open(wait=False)
+        await self.pool.open()
         self.task = asyncio.create_task(self.sampler.run(), name=f"dashboard-{self.store.name}")
 
     async def close(self) -> None:
@@ -82,10 +71,10 @@ class StoreContext:
         await self.sampler.closed()
         await self.pool.close()
 
-    async def health_view(self) -> reads.HealthView:
+    async def health_view(self) -> HealthView:
         if self.health is None or time.monotonic() - self.health[0] > HEALTH_TTL:
             async with self.pool.connection() as conn:
-                self.health = (time.monotonic(), await reads.health_view(conn, self.store))
+                self.health = (time.monotonic(), await health_view(conn, self.store))
         return self.health[1]
 
 

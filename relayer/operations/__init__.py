@@ -2,6 +2,7 @@
 
 - ``status``: a store's cluster, lanes, parked keys and health, read in one go;
 - ``parked``: list, redrive and drop parked keys;
+- ``queues``: pause, resume or limit a store's dispatch queues, and a limit as typed;
 - ``schema``: numbered migrations, apply and drift checks;
 - ``grants``: the least privileges of each role;
 - ``health``: the outbox table's health (dead tuples, vacuum, sizes).

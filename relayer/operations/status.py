@@ -22,7 +22,7 @@ from relayer.store.status import (
     Member,
     StoreSummary,
     read_cluster,
-    read_summary_line,
+    read_summary,
 )
 
 if TYPE_CHECKING:
@@ -84,12 +84,6 @@ def _owners(leases: dict[int, str], members: list[str], lanes: int) -> dict[int,
         for lane in share(rank, len(members), lanes):
             owners.setdefault(lane, member)
     return dict(sorted(owners.items()))
-
-
-async def read_summary(conn: Connection, store: StoreSettings) -> StoreSummary:
-    """``store``'s line of ``status --all`` in one statement (after the schema check)."""
-    await require_schema(conn, store)
-    return await read_summary_line(conn, store)
 
 
 async def read_summaries(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from relayer.lanes import UNORDERED_LANE
+from relayer.operations.schema import require_schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import Connection, translated_verbatim
@@ -86,9 +87,11 @@ class StoreSummary:
         )
 
 
-async def read_summary_line(conn: Connection, store: StoreSettings) -> StoreSummary:
-    """``store``'s line of ``status --all`` in one statement (the schema checked already)."""
+async def read_summary(conn: Connection, store: StoreSettings) -> StoreSummary:
+    """``store``'s line of ``status --all`` in one statement, after the schema check
+    (SchemaNotAppliedError, saying what to run, before `schema apply`)."""
     with translated_verbatim():
+        await require_schema(conn, store)
         cursor = await conn.execute(queries_for(store.names)["status_summary"])
         row = await cursor.fetchone()
     assert row is not None  # aggregates only: always one row

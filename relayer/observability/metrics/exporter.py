@@ -18,8 +18,6 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-import psycopg
-
 from relayer.errors import RelayerError, StoreError, UsageError, install_command
 from relayer.observability.metrics.backlog import (
     DEFAULT_TOP_LANES,
@@ -189,7 +187,7 @@ class WorkerMetrics:
                 async with served.relay.pool.connection("read the backlog") as conn:
                     self.backlog[name] = await read_backlog(conn, served, lanes, self.top_lanes)
                 self._failed.discard(name)
-            except (psycopg.Error, OSError, StoreError) as exc:
+            except StoreError as exc:  # driver errors too: the pool and read_backlog translate them
                 self._failed.add(name)
                 self.refresh_errors[name] = self.refresh_errors.get(name, 0) + 1
                 self._log.warning(

@@ -15,6 +15,7 @@ from relayer import __version__
 from relayer.observability.metrics.snapshot import StoreSnapshot, WorkerSnapshot
 
 if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.metrics_core import Metric
 
 
@@ -41,32 +42,55 @@ def worker_families(snapshot: WorkerSnapshot) -> Iterator[Metric]:
 
 
 def store_families(stores: tuple[StoreSnapshot, ...]) -> Iterator[Metric]:
-    from prometheus_client.core import (
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        HistogramMetricFamily,
-    )
+    """Every store's families, labelled by store: counters, histograms, then gauges."""
+    yield from _store_counters(stores)
+    yield from _store_histograms(stores)
+    yield from _store_gauges(stores)
 
-    def counter(name: str, text: str, *labels: str) -> CounterMetricFamily:
-        return CounterMetricFamily(name, text, labels=["store", *labels])
 
-    def gauge(name: str, text: str, *labels: str) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, text, labels=["store", *labels])
+def _counter(name: str, text: str, *labels: str) -> CounterMetricFamily:
+    from prometheus_client.core import CounterMetricFamily
 
-    sent = counter("relayer_messages_sent", "Rows acknowledged by the broker and deleted.")
-    failed = counter("relayer_messages_failed", "Failed head rows (each parked its key).")
-    gave_up = counter(
+    return CounterMetricFamily(name, text, labels=["store", *labels])
+
+
+def _gauge(name: str, text: str, *labels: str) -> GaugeMetricFamily:
+    from prometheus_client.core import GaugeMetricFamily
+
+    return GaugeMetricFamily(name, text, labels=["store", *labels])
+
+
+def _store_counters(stores: tuple[StoreSnapshot, ...]) -> Iterator[Metric]:
+    sent = _counter("relayer_messages_sent", "Rows acknowledged by the broker and deleted.")
+    failed = _counter("relayer_messages_failed", "Failed head rows (each parked its key).")
+    gave_up = _counter(
         "relayer_messages_gave_up", "Failed rows whose key now waits for an operator."
     )
-    recovered = counter(
+    recovered = _counter(
         "relayer_unordered_recovered",
         "Unordered rows older than unordered_grace that this worker sent and deleted.",
     )
-    recovery_failed = counter(
+    recovery_failed = _counter(
         "relayer_unordered_recovery_failed", "Failed attempts to send recovered rows."
     )
-    scans = counter("relayer_lane_scans", "Lane scans by how they ended.", "result")
-    errors = counter("relayer_backlog_refresh_errors", "Failed backlog refreshes.")
+    scans = _counter("relayer_lane_scans", "Lane scans by how they ended.", "result")
+    errors = _counter("relayer_backlog_refresh_errors", "Failed backlog refreshes.")
+    for store in stores:
+        name = store.name
+        sent.add_metric([name], store.sent)
+        failed.add_metric([name], store.failed)
+        gave_up.add_metric([name], store.gave_up)
+        recovered.add_metric([name], store.recovered)
+        recovery_failed.add_metric([name], store.recovery_failed)
+        for result, count in store.scans:
+            scans.add_metric([name, result], count)
+        errors.add_metric([name], store.refresh_errors)
+    yield from (sent, failed, gave_up, recovered, recovery_failed, scans, errors)
+
+
+def _store_histograms(stores: tuple[StoreSnapshot, ...]) -> Iterator[Metric]:
+    from prometheus_client.core import HistogramMetricFamily
+
     batch = HistogramMetricFamily(
         "relayer_batch_duration_seconds",
         "Lane batches: lock, read, send, record outcomes and commit.",
@@ -77,39 +101,36 @@ def store_families(stores: tuple[StoreSnapshot, ...]) -> Iterator[Metric]:
         "Per row, from its write (UUIDv7 time) to the commit of its acknowledged delete.",
         labels=["store"],
     )
-    pending = gauge("relayer_pending_rows", "Rows waiting in owned lanes.")
-    oldest = gauge(
-        "relayer_oldest_pending_age_seconds", "Age of the oldest head row of the owned lanes."
-    )
-    pending_lanes = gauge("relayer_pending_lanes", "Owned lanes with at least one waiting row.")
-    lane_pending = gauge(
-        "relayer_lane_pending_rows",
-        "Rows waiting in the owned lanes whose head row is oldest (--metrics-top-lanes).",
-        "lane",
-    )
-    lane_oldest = gauge(
-        "relayer_lane_oldest_pending_age_seconds",
-        "Head row age of the owned lanes whose head row is oldest (--metrics-top-lanes).",
-        "lane",
-    )
-    parked = gauge("relayer_parked_keys", "Parked keys in owned lanes.", "waiting")
-    owned = gauge("relayer_owned_lanes", "Lanes this worker's membership owns.")
-    members = gauge("relayer_live_members", "Live members of the store's cluster.")
     for store in stores:
-        name, backlog = store.name, store.backlog
-        sent.add_metric([name], store.sent)
-        failed.add_metric([name], store.failed)
-        gave_up.add_metric([name], store.gave_up)
-        recovered.add_metric([name], store.recovered)
-        recovery_failed.add_metric([name], store.recovery_failed)
-        for result, count in store.scans:
-            scans.add_metric([name, result], count)
-        errors.add_metric([name], store.refresh_errors)
         for family, histogram in (
             (batch, store.batch_seconds),
             (latency, store.write_to_ack_seconds),
         ):
-            family.add_metric([name], list(histogram.buckets), histogram.total)
+            family.add_metric([store.name], list(histogram.buckets), histogram.total)
+    yield from (batch, latency)
+
+
+def _store_gauges(stores: tuple[StoreSnapshot, ...]) -> Iterator[Metric]:
+    pending = _gauge("relayer_pending_rows", "Rows waiting in owned lanes.")
+    oldest = _gauge(
+        "relayer_oldest_pending_age_seconds", "Age of the oldest head row of the owned lanes."
+    )
+    pending_lanes = _gauge("relayer_pending_lanes", "Owned lanes with at least one waiting row.")
+    lane_pending = _gauge(
+        "relayer_lane_pending_rows",
+        "Rows waiting in the owned lanes whose head row is oldest (--metrics-top-lanes).",
+        "lane",
+    )
+    lane_oldest = _gauge(
+        "relayer_lane_oldest_pending_age_seconds",
+        "Head row age of the owned lanes whose head row is oldest (--metrics-top-lanes).",
+        "lane",
+    )
+    parked = _gauge("relayer_parked_keys", "Parked keys in owned lanes.", "waiting")
+    owned = _gauge("relayer_owned_lanes", "Lanes this worker's membership owns.")
+    members = _gauge("relayer_live_members", "Live members of the store's cluster.")
+    for store in stores:
+        name, backlog = store.name, store.backlog
         pending.add_metric([name], backlog.rows)
         oldest.add_metric([name], backlog.oldest_age_seconds)
         pending_lanes.add_metric([name], backlog.pending_lanes)
@@ -120,8 +141,6 @@ def store_families(stores: tuple[StoreSnapshot, ...]) -> Iterator[Metric]:
         parked.add_metric([name, "operator"], backlog.parked_operator)
         owned.add_metric([name], store.owned_lanes)
         members.add_metric([name], store.live_members)
-    yield from (sent, failed, gave_up, recovered, recovery_failed, scans, errors)
-    yield from (batch, latency)
     yield from (pending, oldest, pending_lanes, lane_pending, lane_oldest, parked, owned, members)
 
 
