@@ -1,8 +1,12 @@
 """The store gateway: every statement the relay, membership, unordered sending and maintenance
-run, and the connections they run on.
+run, those of ``relayer status``, ``relayer parked``, the backlog gauges and the dashboard, and
+the connections they run on.
 
 Callers get frozen value objects and relayer errors only: psycopg, socket and pool errors are
 translated once, here, into StoreError (with redacted messages and the driver's error chained).
+The operator's reads and changes (status, parked, backlog, dashboard, inspection) keep the
+driver's own words in the StoreError (driver.translated_verbatim): a store's line of ``status
+--all`` and a dashboard page show them as the server said them.
 
 - ``driver``: the connection type and the translation of driver errors;
 - ``connections``: the pool of transaction connections, autocommit sessions, LISTEN;
@@ -12,7 +16,13 @@ translated once, here, into StoreError (with redacted messages and the driver's 
 - ``housekeeping``: the heartbeats and idle probes those stores send together;
 - ``relay``: the ordered protocol's statements (membership, probes, lane batches);
 - ``unordered``: claiming and settling unordered rows;
-- ``maintenance``: retention and the health check.
+- ``maintenance``: retention and the health check;
+- ``status``: ``relayer status`` (members, leases, pending rows) and a line of ``status --all``;
+- ``parked``: the parked keys, and the guarded redrive or drop of one with its audit row;
+- ``backlog``: the backlog gauges' totals and oldest lanes (the metrics);
+- ``dashboard``: the dashboard's pool and its sampler's snapshot and refinement;
+- ``inspection``: what the dashboard reads on request (a lane, parked pages, a key, a body,
+  the queues, the table health, the audit trail).
 """
 
 from relayer.store.connections import (
