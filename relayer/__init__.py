@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from relayer.inbox import Claim, Inbox, Outcome
     from relayer.lanes import fnv1a_32, lane_for
     from relayer.settings import RelayerSettings, StoreSettings, TransportSettings, load_settings
+    from relayer.worker.worker import Worker
     from relayer.writer.after_commit import BackgroundDispatcher, UnorderedDispatcher
     from relayer.writer.ids import uuid7
-    from relayer.worker.worker import Worker
     from relayer.writer.outbox import Outbox, OutboxMessage
 
 # The public names, imported on first use (PEP 562): ``relayer --version`` or ``import
