@@ -27,8 +27,8 @@ from relayer.cli.common import (
 )
 from relayer.cli.processes import STOP_MARGIN, Supervisor, child_command, stop_with_supervisor
 from relayer.errors import UsageError
-from relayer.fleet.templates import TemplateSettings
 from relayer.observability.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES
+from relayer.settings import TemplateSettings
 
 if TYPE_CHECKING:  # the worker is imported when it runs, not by every command's parser
     from relayer.settings import StoreSettings

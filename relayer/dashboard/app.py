@@ -15,8 +15,7 @@ from relayer.dashboard.routes import Handler, routes
 from relayer.dashboard.security import Access, SecurityHeaders
 from relayer.dashboard.site import Dashboard, FleetView
 from relayer.dashboard.stores import OPEN_STORES, StoreContext
-from relayer.fleet.templates import TemplateSettings
-from relayer.settings import StoreSettings
+from relayer.settings import StoreSettings, TemplateSettings
 
 
 def create_app(

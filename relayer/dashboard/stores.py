@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 
 from relayer.dashboard.sampler import StoreSampler
 from relayer.fleet.sources import DiscoveryError
-from relayer.fleet.templates import TemplateSettings
 from relayer.operations.status import TemplateListing, list_template
-from relayer.settings import StoreSettings
+from relayer.settings import StoreSettings, TemplateSettings
 from relayer.store.dashboard import DashboardPool
 from relayer.store.inspection import HealthView, health_view
 

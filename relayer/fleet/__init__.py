@@ -1,22 +1,16 @@
 """relayer.fleet: many stores from one template, found by a discovery source.
 
-- ``templates``: ``[templates.NAME]`` settings, discovery rows and their validation;
+- ``templates``: discovery rows and their validation as stores of a template;
 - ``sources``: reading a discovery file or a catalog query;
 - ``discovery``: the refresh loop that adds and removes a worker's stores (``Fleet``).
 
-Only ``templates`` is imported here: the settings need it, and it needs nothing of the worker.
-The settings import ``templates`` halfway through their own module (a template holds every
-store setting), so they are imported first here, whichever module a program asks for first.
+A template's own settings (``TemplateSettings``, ``DiscoverySettings``) live in
+relayer.settings, which imports nothing of this package; they are re-exported here. Only
+``templates`` is imported here: it needs nothing of the worker.
 """
 
-import relayer.settings  # noqa: F401  (see above)
-from relayer.fleet.templates import (
-    DiscoveredRow,
-    DiscoveredStore,
-    DiscoverySettings,
-    TemplateSettings,
-    store_from_row,
-)
+from relayer.fleet.templates import DiscoveredRow, DiscoveredStore, store_from_row
+from relayer.settings.templates import DiscoverySettings, TemplateSettings
 
 __all__ = [
     "DiscoveredRow",

@@ -28,9 +28,10 @@ from relayer.deadlines import Deadlines
 from relayer.dispatch.control import ensure_limit
 from relayer.errors import ConfigurationError, RelayerError, UsageError
 from relayer.fleet.sources import DiscoveryError, Row, read_source
-from relayer.fleet.templates import DiscoveredStore, TemplateSettings, store_from_row
+from relayer.fleet.templates import DiscoveredStore, store_from_row
 from relayer.observability.throttle import ThrottledLog, shape
 from relayer.redact import redact
+from relayer.settings import TemplateSettings
 from relayer.transports.base import Transport
 from relayer.worker import Worker
 

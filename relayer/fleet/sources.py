@@ -19,14 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from relayer.errors import ConfigurationError, RelayerError, StoreError
-from relayer.fleet.templates import (
-    ROW_FIELDS,
-    DiscoveredRow,
-    TemplateSettings,
-    row_from_mapping,
-    store_from_row,
-)
-from relayer.settings import StoreSettings
+from relayer.fleet.templates import ROW_FIELDS, DiscoveredRow, row_from_mapping, store_from_row
+from relayer.settings import StoreSettings, TemplateSettings
 from relayer.store.catalog import read_catalog
 
 # A catalog query must end within this many seconds (and within the refresh interval).

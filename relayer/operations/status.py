@@ -26,7 +26,7 @@ from relayer.store.status import (
 )
 
 if TYPE_CHECKING:
-    from relayer.fleet.templates import TemplateSettings
+    from relayer.settings import TemplateSettings
 
 # Databases ``status --all`` reads at once.
 SUMMARY_CONNECTIONS = 4

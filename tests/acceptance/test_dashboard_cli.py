@@ -11,8 +11,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-from relayer.fleet.templates import DiscoveredRow, TemplateSettings, store_from_row
-from relayer.settings import load_settings
+from relayer.fleet.templates import DiscoveredRow, store_from_row
+from relayer.settings import TemplateSettings, load_settings
 from tests.acceptance.cli import command, environment, relayer
 from tests.conftest import apply_schema
 from tests.examples.documented import ROOT, documented

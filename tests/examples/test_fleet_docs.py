@@ -10,8 +10,8 @@ import pytest
 
 from relayer.fleet.discovery import Fleet
 from relayer.fleet.sources import Row, read_file
-from relayer.fleet.templates import DiscoveredRow, TemplateSettings, store_from_row
-from relayer.settings import load_settings
+from relayer.fleet.templates import DiscoveredRow, store_from_row
+from relayer.settings import TemplateSettings, load_settings
 from relayer.worker import Worker
 from tests.examples.documented import ROOT, code_block
 

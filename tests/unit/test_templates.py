@@ -14,13 +14,9 @@ import pytest
 from relayer.dispatch.control import MAX_LIMIT
 from relayer.errors import ConfigurationError
 from relayer.fleet.sources import DiscoveryError, read_file, rows_from_columns
-from relayer.fleet.templates import (
-    MAX_CONCURRENCY_LIMIT,
-    DiscoveredRow,
-    TemplateSettings,
-    store_from_row,
-)
-from relayer.settings import RelayerSettings, load_settings
+from relayer.fleet.templates import DiscoveredRow, store_from_row
+from relayer.settings import RelayerSettings, TemplateSettings, load_settings
+from relayer.settings.templates import MAX_CONCURRENCY_LIMIT
 
 DSN = "postgresql://relayer:s3cret@db.internal/app"
 
@@ -267,7 +263,8 @@ def test_the_environment_sets_templates_and_masks_their_values(
 
 @pytest.mark.parametrize("module", ["relayer.fleet.templates", "relayer.settings"])
 def test_the_settings_and_templates_import_in_either_order(module: str) -> None:
-    """The two modules import each other: a fresh interpreter may ask for either first."""
+    """A fresh interpreter may ask for either module first (the settings import nothing of
+    relayer.fleet)."""
     result = subprocess.run(
         [sys.executable, "-c", f"import {module}; import relayer.fleet.discovery"],
         capture_output=True,

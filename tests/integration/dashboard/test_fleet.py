@@ -18,8 +18,7 @@ from starlette.testclient import TestClient
 from relayer.dashboard import Access, create_app
 from relayer.dashboard.app import Dashboard
 from relayer.dashboard.stores import OPEN_STORES
-from relayer.fleet.templates import TemplateSettings
-from relayer.settings import load_settings
+from relayer.settings import TemplateSettings, load_settings
 from tests.conftest import apply_schema, make_store
 from tests.integration.dashboard.test_app import HOST, SECRET, with_password
 from tests.integration.relay.helpers import park

@@ -16,8 +16,7 @@ import pytest
 from relayer import Outbox, OutboxMessage
 from relayer.dispatch import QueueControl
 from relayer.fleet.discovery import Fleet
-from relayer.fleet.templates import TemplateSettings
-from relayer.settings import RelayerSettings, StoreSettings, WorkerSettings
+from relayer.settings import RelayerSettings, StoreSettings, TemplateSettings, WorkerSettings
 from relayer.transports.base import OutgoingMessage
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker
