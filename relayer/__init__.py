@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from relayer.worker.worker import Worker
     from relayer.writer.after_commit import BackgroundDispatcher, UnorderedDispatcher
     from relayer.writer.ids import uuid7
-    from relayer.writer.outbox import Outbox, OutboxMessage
+    from relayer.writer.messages import OutboxMessage
+    from relayer.writer.outbox import Outbox
 
 # The public names, imported on first use (PEP 562): ``relayer --version`` or ``import
 # relayer.errors`` need not load psycopg, pydantic and the relay.
@@ -44,7 +45,7 @@ _LAZY = {
     "load_settings": "relayer.settings",
     "Worker": "relayer.worker.worker",
     "Outbox": "relayer.writer.outbox",
-    "OutboxMessage": "relayer.writer.outbox",
+    "OutboxMessage": "relayer.writer.messages",
 }
 
 

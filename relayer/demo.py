@@ -27,7 +27,8 @@ from relayer.operations import schema
 from relayer.operations.status import read_status
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
 from relayer.worker import Worker
-from relayer.writer.outbox import Outbox, OutboxMessage
+from relayer.writer.messages import OutboxMessage
+from relayer.writer.outbox import Outbox
 
 DEMO_SCHEMA = "relayer_demo"
 Say = Callable[[str], None]

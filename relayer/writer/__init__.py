@@ -1,6 +1,7 @@
 """The writer side: what runs in the application's own process and transaction.
 
 - ``outbox``: ``Outbox``, rows inserted in the caller's transaction;
+- ``messages``: ``OutboxMessage`` and the checks that make a message a row;
 - ``transactions``: the psycopg connection behind what an application passes;
 - ``after_commit``: unordered rows sent right after the application's commit;
 - ``ids``: UUIDv7 message ids; ``sequences``: per-key sequence numbers.

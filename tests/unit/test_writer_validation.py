@@ -2,9 +2,10 @@ from datetime import datetime
 
 import pytest
 
-from relayer import Outbox, OutboxMessage
+from relayer import OutboxMessage
 from relayer.errors import InvalidMessageError
 from relayer.settings import store_settings
+from relayer.writer.messages import validate, validate_all
 
 STORE = store_settings(
     name="orders",
@@ -19,13 +20,14 @@ def rejected(**fields: object) -> InvalidMessageError:
     values: dict[str, object] = {"destination": "d", "body": b"x"}
     values.update(fields)
     with pytest.raises(InvalidMessageError) as caught:
-        Outbox(STORE).prepare(OutboxMessage(**values))  # type: ignore[arg-type]
+        validate(STORE, OutboxMessage(**values))  # type: ignore[arg-type]
     return caught.value
 
 
 def test_valid_message_becomes_a_row() -> None:
-    row = Outbox(STORE).prepare(OutboxMessage("d", bytearray(b"x"), key="k"))
-    assert row[1] is not None and row[2] == "k" and row[3] == "kafka" and row[5] == b"x"
+    fields = validate(STORE, OutboxMessage("d", bytearray(b"x"), key="k"))
+    assert fields[0] is not None and fields[1] == "k" and fields[2] == "kafka"
+    assert fields[4] == b"x"
 
 
 @pytest.mark.parametrize("body", ["text", 5, None, {"a": 1}])
@@ -100,22 +102,20 @@ def test_naive_deliver_at() -> None:
 
 def test_write_many_names_the_position() -> None:
     with pytest.raises(InvalidMessageError) as caught:
-        Outbox(STORE)._prepare_all([OutboxMessage("d", b"x"), {"destination": "d"}])  # type: ignore[list-item]
+        validate_all(STORE, [OutboxMessage("d", b"x"), {"destination": "d"}])  # type: ignore[list-item]
     assert caught.value.field == "messages[1]"
 
 
 def test_a_message_naming_no_transport_needs_a_default() -> None:
     store = STORE.model_copy(update={"default_transport": None})
     with pytest.raises(InvalidMessageError) as caught:
-        Outbox(store).prepare(OutboxMessage("d", b"x", key="k"))
+        validate(store, OutboxMessage("d", b"x", key="k"))
     assert str(caught.value) == (
         "transport: None is invalid: store 'orders' has no default_transport, so a message "
         "must name one of its transports ('kafka', 'rabbit'); pass transport=..., or set "
         "stores.orders.default_transport"
     )
-    assert Outbox(store).prepare(OutboxMessage("d", b"x", key="k", transport="rabbit"))[3] == (
-        "rabbit"
-    )
+    assert validate(store, OutboxMessage("d", b"x", key="k", transport="rabbit"))[2] == "rabbit"
     # A writer configured without transports cannot know them: the worker's default applies.
     bare = store_settings(name="orders", lanes=8)
-    assert Outbox(bare).prepare(OutboxMessage("d", b"x", key="k"))[3] is None
+    assert validate(bare, OutboxMessage("d", b"x", key="k"))[2] is None

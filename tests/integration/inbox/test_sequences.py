@@ -13,6 +13,7 @@ import pytest
 from relayer import Outbox, OutboxMessage
 from relayer.errors import InvalidMessageError
 from relayer.settings import StoreSettings
+from relayer.writer.messages import validate
 from relayer.writer.sequences import SEQUENCE_HEADER
 from tests.conftest import apply_schema, make_store
 from tests.integration.inbox.test_claims import backend_waits
@@ -57,7 +58,7 @@ def test_each_key_is_numbered_in_write_order(store: StoreSettings) -> None:
 
 def test_the_header_is_reserved(store: StoreSettings) -> None:
     with pytest.raises(InvalidMessageError, match="reserved"):
-        Outbox(store).prepare(OutboxMessage("d", b"x", key="k", headers={SEQUENCE_HEADER: "9"}))
+        validate(store, OutboxMessage("d", b"x", key="k", headers={SEQUENCE_HEADER: "9"}))
 
 
 @pytest.mark.parametrize(("first_ends", "second_number"), [("rollback", "1"), ("commit", "2")])
