@@ -272,42 +272,14 @@ async def run_demo(
                 for n in (1, 2)
             ]
             writer = OrderWriter(store, topic, customers)
-            stop, done = asyncio.Event(), asyncio.Event()
-            tasks = [asyncio.create_task(worker.run(stop)) for worker in workers]
-            reporter: asyncio.Task[None] | None = None
-            try:
-                for worker in workers:
-                    await asyncio.wait_for(worker.started.wait(), 60)
-                reporter = asyncio.create_task(progress(store, writer, say, done))
-                say(f"two workers running. 1) {live_orders:,} orders, one transaction each:")
-                await writer.one_per_transaction(live_orders)
-                await drained(store)
-                say(f"2) a backlog of {backlog_orders:,} orders, 1,000 per transaction:")
-                started = time.perf_counter()
-                await writer.in_batches(backlog_orders)
-                await drained(store)
-                elapsed = time.perf_counter() - started
-                lanes = {worker.member: sorted(worker.lanes["demo"]) for worker in workers}
-            finally:
-                done.set()
-                if reporter is not None:
-                    await reporter
-                stop.set()
-                await asyncio.gather(*tasks)
+            elapsed, lanes = await relay_orders(
+                workers, writer, say, live_orders=live_orders, backlog_orders=backlog_orders
+            )
             say(
                 f"backlog written and relayed in {elapsed:.2f} s: "
                 f"{backlog_orders / elapsed:,.0f} orders/s end to end"
             )
-            say("rows written per lane (lane: rows, owner):")
-            owners = {lane: member for member, owned in lanes.items() for lane in owned}
-            cells = [
-                f"{lane:>3}: {count:>5,} {owners.get(lane, '-')}"
-                for lane, count in sorted(writer.per_lane.items())
-            ]
-            for start in range(0, len(cells), 4):
-                say("  " + "   ".join(cells[start : start + 4]))
-            for member, owned in lanes.items():
-                say(f"  {member} sent lanes {owned}")
+            say_lanes(writer, lanes, say)
             total = writer.written
             say(f"consuming the topic back ({total:,} events) ...")
             deliveries = await asyncio.to_thread(consume, servers, topic, total)
@@ -316,3 +288,53 @@ async def run_demo(
                 f"verified: {distinct:,} of {total:,} orders received, {duplicates} duplicates, "
                 f"each of {customers} customers' events in order"
             )
+
+
+async def relay_orders(
+    workers: list[Worker],
+    writer: OrderWriter,
+    say: Say,
+    *,
+    live_orders: int,
+    backlog_orders: int,
+) -> tuple[float, dict[str, list[int]]]:
+    """Run ``workers`` while ``writer`` writes live orders, then a backlog: the seconds the
+    backlog took to be written and relayed, and the lanes each worker held at the end."""
+    store = writer.store
+    stop, done = asyncio.Event(), asyncio.Event()
+    tasks = [asyncio.create_task(worker.run(stop)) for worker in workers]
+    reporter: asyncio.Task[None] | None = None
+    try:
+        for worker in workers:
+            await asyncio.wait_for(worker.started.wait(), 60)
+        reporter = asyncio.create_task(progress(store, writer, say, done))
+        say(f"two workers running. 1) {live_orders:,} orders, one transaction each:")
+        await writer.one_per_transaction(live_orders)
+        await drained(store)
+        say(f"2) a backlog of {backlog_orders:,} orders, 1,000 per transaction:")
+        started = time.perf_counter()
+        await writer.in_batches(backlog_orders)
+        await drained(store)
+        elapsed = time.perf_counter() - started
+        lanes = {worker.member: sorted(worker.lanes["demo"]) for worker in workers}
+    finally:
+        done.set()
+        if reporter is not None:
+            await reporter
+        stop.set()
+        await asyncio.gather(*tasks)
+    return elapsed, lanes
+
+
+def say_lanes(writer: OrderWriter, lanes: dict[str, list[int]], say: Say) -> None:
+    """The rows written per lane, four lanes a line, with each lane's owner."""
+    say("rows written per lane (lane: rows, owner):")
+    owners = {lane: member for member, owned in lanes.items() for lane in owned}
+    cells = [
+        f"{lane:>3}: {count:>5,} {owners.get(lane, '-')}"
+        for lane, count in sorted(writer.per_lane.items())
+    ]
+    for start in range(0, len(cells), 4):
+        say("  " + "   ".join(cells[start : start + 4]))
+    for member, owned in lanes.items():
+        say(f"  {member} sent lanes {owned}")

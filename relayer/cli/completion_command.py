@@ -109,6 +109,17 @@ def _case(pairs: dict[str, str], default: str = "") -> str:
 
 
 def bash(tree: list[Command]) -> str:
+    return (
+        "# relayer completion for bash: source <(relayer completion bash)\n"
+        + _bash_lookups(tree)
+        + _bash_completer()
+        + "complete -F _relayer relayer\n"
+    )
+
+
+def _bash_lookups(tree: list[Command]) -> str:
+    """The shell functions that answer what the parser knows: a command's subcommands, its
+    options, an option's values and what its positional takes."""
     commands = {command.path: " ".join(command.commands) for command in tree if command.commands}
     options = {
         command.path: " ".join(flag for option in command.options for flag in option.flags)
@@ -122,8 +133,7 @@ def bash(tree: list[Command]) -> str:
         for flag in option.flags
     }
     positional = {command.path: " ".join(command.positional) for command in tree}
-    return f"""# relayer completion for bash: source <(relayer completion bash)
-_relayer_commands() {{
+    return f"""_relayer_commands() {{
     case "$1" in
 {_case(commands)}
     esac
@@ -143,7 +153,12 @@ _relayer_positional() {{
 {_case({key: value for key, value in positional.items() if value})}
     esac
 }}
-_relayer() {{
+"""
+
+
+def _bash_completer() -> str:
+    """``_relayer``: finds the command path in the words typed, then completes the word."""
+    return f"""_relayer() {{
     local cur="${{COMP_WORDS[COMP_CWORD]}}" prev="" path="" word values i config=""
     for ((i = 1; i < COMP_CWORD; i++)); do
         word="${{COMP_WORDS[i]}}"
@@ -180,7 +195,6 @@ _relayer() {{
         COMPREPLY=($(compgen -W "$values" -- "$cur"))
     fi
 }}
-complete -F _relayer relayer
 """
 
 
@@ -196,6 +210,42 @@ def _fish_quote(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+# The fish functions that find the command path typed so far and ask for the configured names.
+_FISH_FUNCTIONS = (
+    "function __relayer_path",
+    "    set -l path ''",
+    "    set -l skip 0",
+    "    for word in (commandline -opc)[2..-1]",
+    "        if test $skip = 1",
+    "            set skip 0",
+    "        else if string match -q -- '-*' $word",
+    '            contains -- "$path|$word" $__relayer_valued; and set skip 1',
+    '        else if contains -- "$path|$word" $__relayer_words',
+    '            set path (string trim -- "$path $word")',
+    "        end",
+    "    end",
+    '    echo "$path"',
+    "end",
+    "function __relayer_at",
+    '    test "$(__relayer_path)" = "$argv[1]"',
+    "end",
+    "function __relayer_stores",
+    "    set -l words (commandline -opc)",
+    "    set -l config",
+    "    set -l index (contains -i -- --config $words)",
+    "    and set config --config $words[(math $index + 1)]",
+    "    relayer $config completion --list-stores 2>/dev/null",
+    "end",
+    "function __relayer_templates",
+    "    set -l words (commandline -opc)",
+    "    set -l config",
+    "    set -l index (contains -i -- --config $words)",
+    "    and set config --config $words[(math $index + 1)]",
+    "    relayer $config completion --list-templates 2>/dev/null",
+    "end",
+)
+
+
 def fish(tree: list[Command]) -> str:
     words = [f"{command.path}|{name}" for command in tree for name in command.commands]
     valued = [
@@ -209,61 +259,43 @@ def fish(tree: list[Command]) -> str:
         "# relayer completion for fish: relayer completion fish | source",
         f"set -g __relayer_words {' '.join(_fish_quote(word) for word in words)}",
         f"set -g __relayer_valued {' '.join(_fish_quote(flag) for flag in valued)}",
-        "function __relayer_path",
-        "    set -l path ''",
-        "    set -l skip 0",
-        "    for word in (commandline -opc)[2..-1]",
-        "        if test $skip = 1",
-        "            set skip 0",
-        "        else if string match -q -- '-*' $word",
-        '            contains -- "$path|$word" $__relayer_valued; and set skip 1',
-        '        else if contains -- "$path|$word" $__relayer_words',
-        '            set path (string trim -- "$path $word")',
-        "        end",
-        "    end",
-        '    echo "$path"',
-        "end",
-        "function __relayer_at",
-        '    test "$(__relayer_path)" = "$argv[1]"',
-        "end",
-        "function __relayer_stores",
-        "    set -l words (commandline -opc)",
-        "    set -l config",
-        "    set -l index (contains -i -- --config $words)",
-        "    and set config --config $words[(math $index + 1)]",
-        "    relayer $config completion --list-stores 2>/dev/null",
-        "end",
-        "function __relayer_templates",
-        "    set -l words (commandline -opc)",
-        "    set -l config",
-        "    set -l index (contains -i -- --config $words)",
-        "    and set config --config $words[(math $index + 1)]",
-        "    relayer $config completion --list-templates 2>/dev/null",
-        "end",
+        *_FISH_FUNCTIONS,
         "complete -c relayer -f",
     ]
     for command in tree:
-        at = f"-n {_fish_quote('__relayer_at ' + shlex.quote(command.path))}"
-        for name, text in command.commands.items():
-            lines.append(f"complete -c relayer {at} -a {_fish_quote(name)} -d {_fish_quote(text)}")
-        for option in command.options:
-            flags = " ".join(
-                f"-l {flag[2:]}" if flag.startswith("--") else f"-s {flag[1:]}"
-                for flag in option.flags
-            )
-            if option.values == (FILES,):
-                kind = "-r -F"
-            elif option.values == (TEMPLATES,):
-                kind = "-x -a '(__relayer_templates)'"
-            elif option.values:
-                kind = f"-x -a {_fish_quote(' '.join(option.values))}"
-            else:
-                kind = "-x" if option.takes_value else ""
-            help_text = option.help.replace("%(default)s", "")
-            lines.append(f"complete -c relayer {at} {flags} {kind} -d {_fish_quote(help_text)}")
-        if command.positional == (STORES,):
-            lines.append(f"complete -c relayer {at} -a '(__relayer_stores)'")
-        elif command.positional:
-            choices = _fish_quote(" ".join(command.positional))
-            lines.append(f"complete -c relayer {at} -a {choices}")
+        lines += _fish_completions(command)
     return "\n".join(lines) + "\n"
+
+
+def _fish_completions(command: Command) -> list[str]:
+    """The ``complete`` lines of one command: its subcommands, options and positional."""
+    at = f"-n {_fish_quote('__relayer_at ' + shlex.quote(command.path))}"
+    lines = [
+        f"complete -c relayer {at} -a {_fish_quote(name)} -d {_fish_quote(text)}"
+        for name, text in command.commands.items()
+    ]
+    for option in command.options:
+        flags = " ".join(
+            f"-l {flag[2:]}" if flag.startswith("--") else f"-s {flag[1:]}" for flag in option.flags
+        )
+        help_text = option.help.replace("%(default)s", "")
+        lines.append(
+            f"complete -c relayer {at} {flags} {_fish_values(option)} -d {_fish_quote(help_text)}"
+        )
+    if command.positional == (STORES,):
+        lines.append(f"complete -c relayer {at} -a '(__relayer_stores)'")
+    elif command.positional:
+        choices = _fish_quote(" ".join(command.positional))
+        lines.append(f"complete -c relayer {at} -a {choices}")
+    return lines
+
+
+def _fish_values(option: Option) -> str:
+    """What fish offers after ``option``: files, template names, its choices or nothing."""
+    if option.values == (FILES,):
+        return "-r -F"
+    if option.values == (TEMPLATES,):
+        return "-x -a '(__relayer_templates)'"
+    if option.values:
+        return f"-x -a {_fish_quote(' '.join(option.values))}"
+    return "-x" if option.takes_value else ""

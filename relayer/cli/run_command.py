@@ -46,6 +46,13 @@ def register(commands: Any) -> None:
         "stores", nargs="*", metavar="STORE", help="stores to serve (optional with --template)"
     )
     # Every option also comes from the environment (docs/cli.md#run), for containers.
+    _add_member_options(parser)
+    _add_metrics_options(parser)
+    parser.set_defaults(handler=_run)
+
+
+def _add_member_options(parser: argparse.ArgumentParser) -> None:
+    """What the process serves and as how many members."""
     environment_option(
         parser,
         "--instance-id",
@@ -71,6 +78,10 @@ def register(commands: Any) -> None:
         metavar="N|auto",
         help="run N member processes, each a full worker (auto: one per CPU; default: 1)",
     )
+
+
+def _add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """The Prometheus endpoint and what it exports."""
     environment_option(
         parser,
         "--metrics-port",
@@ -107,7 +118,6 @@ def register(commands: Any) -> None:
         help="per-lane series for the N owned lanes whose head row is oldest, per store "
         f"(0: none; default: {DEFAULT_TOP_LANES})",
     )
-    parser.set_defaults(handler=_run)
 
 
 async def _run(context: Context) -> int:
