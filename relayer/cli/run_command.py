@@ -26,6 +26,7 @@ from relayer.cli.common import (
     template_names,
 )
 from relayer.cli.processes import STOP_MARGIN, Supervisor, child_command, stop_with_supervisor
+from relayer.deadlines import Deadlines
 from relayer.errors import UsageError
 from relayer.observability.metrics.backlog import DEFAULT_TOP_LANES, MAX_TOP_LANES
 from relayer.settings import TemplateSettings
@@ -182,10 +183,10 @@ async def _supervise(arguments: argparse.Namespace, stores: list[StoreSettings])
             f"--metrics-port: {port} is invalid with --processes {count}: process i serves "
             f"PORT+i, so PORT must be at most {65536 - count}"
         )
-    longest_lease = max(store.lease_duration.total_seconds() for store in stores)
+    longest_stop = max(Deadlines.of(store.lease_duration).stop for store in stores)
     supervisor = Supervisor(
         [child_command(arguments, index) for index in range(count)],
-        stop_within=longest_lease / 2 + STOP_MARGIN,
+        stop_within=longest_stop + STOP_MARGIN,
     )
     logger.info(
         "starting %s worker processes for %s",

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from relayer.deadlines import Deadlines
 from relayer.errors import ConfigurationError
 from relayer.identifiers import StoreNames, check_plain_identifier, check_table_prefix
 from relayer.lanes import MAX_LANES
@@ -205,13 +206,13 @@ class StoreSettings(BaseModel):
 
     @model_validator(mode="after")
     def _check_relations(self) -> StoreSettings:
-        if self.poll_interval >= self.lease_duration / 3:
+        deadlines = Deadlines.of(self.lease_duration)
+        if self.poll_interval.total_seconds() >= deadlines.heartbeat:
             raise RelationError(
                 "poll_interval",
                 _as_text(self.poll_interval),
                 "must be less than lease_duration / 3 "
-                f"({self.lease_duration.total_seconds() / 3:g} s for lease_duration "
-                f"{self.lease_duration.total_seconds():g} s)",
+                f"({deadlines.heartbeat:g} s for lease_duration {deadlines.lease:g} s)",
             )
         if self.wake_linger >= self.poll_interval:
             raise RelationError(
