@@ -25,6 +25,7 @@ import psycopg
 from bench.cpu import find_processes
 from bench.relay import DrainWatch
 from relayer.settings import StoreSettings
+from relayer.store import wire
 
 CHILDREN = Path(__file__).resolve().parent / "efficiency_children.py"
 
@@ -116,7 +117,13 @@ def write_config(
 
 
 def child_environment() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RELAYER_")}
+    """The caller's environment without its relayer settings (the config file says them all),
+    but with the switch to psycopg's cursors, to measure that path too."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("RELAYER_") or key == wire.FORCE_VARIABLE
+    }
     env["PYTHONFAULTHANDLER"] = "1"
     return env
 

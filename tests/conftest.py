@@ -1,4 +1,5 @@
-"""Shared fixtures: real PostgreSQL (a fresh database per test), Kafka and RabbitMQ."""
+"""Shared fixtures: real PostgreSQL (a fresh database per test), Kafka and RabbitMQ, and each of
+the two paths of relayer.store.wire."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from psycopg import sql
 
 from relayer.operations import schema
 from relayer.settings import StoreSettings, store_settings
+from relayer.store import wire
 from tests.pgbouncer import PgBouncer, find_pgbouncer
 from tests.services import find_rabbitmq, start_kafka, start_postgres, started, unavailable
 
@@ -186,3 +188,13 @@ def pgbouncer_strict(pg_server: str) -> Iterator[PgBouncer]:
         yield bouncer
     finally:
         bouncer.close()
+
+
+@pytest.fixture(params=["fast", "public"])
+def wire_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> wire.WirePath:
+    """The test runs twice, on each way relayer.store.wire goes to PostgreSQL: libpq's pipeline
+    (the fast path, whatever psycopg is installed) and psycopg's cursors (the public path, as
+    forced: without a warning)."""
+    path = wire.WirePath(public=request.param == "public")
+    monkeypatch.setattr(wire, "PROCESS_PATH", path)
+    return path

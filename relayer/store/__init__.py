@@ -15,6 +15,8 @@ driver's own words in the StoreError (driver.translated_verbatim): a store's lin
 - ``databases``: the connections the stores of one database share in a worker;
 - ``housekeeping``: the heartbeats and idle probes those stores send together;
 - ``relay``: the ordered protocol's statements (membership, probes, lane batches);
+- ``wire``: a lane batch's (and a queue claim's) statements run on a connection: through
+  ``libpq_pipeline`` with the psycopg releases it was tested with, else psycopg's cursors;
 - ``unordered``: claiming and settling unordered rows;
 - ``maintenance``: retention and the health check;
 - ``status``: ``relayer status`` (members, leases, pending rows) and a line of ``status --all``;

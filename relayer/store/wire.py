@@ -1,17 +1,18 @@
-"""A short path to the wire for the statements a lane batch runs (relayer.store.relay).
+"""A short path to the wire for the statements of a lane batch (relayer.store.relay) and of a
+queue claim (relayer.dispatch): ``run`` takes a connection and its commands (a named statement
+with its values each) and returns the rows of each command.
 
-psycopg runs each statement through a cursor, a parsed query, a generator and a wait that is
-set up and torn down per step; in pipeline mode it also flushes the socket and polls it after
-every statement. On this path a batch's statements go out in one write and come back in one
-wait on libpq's connection (``conn.pgconn``), with psycopg's own adapters dumping the
-parameters and loading the rows (``psycopg.adapt.Transformer``): the same types, bound the
-same way, for about a quarter of the client CPU (a transaction of two round trips, SELECTs
-only, on an idle two-core machine: 190-220 µs against psycopg's 740-790).
+It goes one of two ways, with the same statements, parameters, transaction, rows and errors:
+- the fast path (relayer.store.libpq_pipeline): the commands in one round trip through libpq's
+  pipeline, for about a quarter of psycopg's client CPU. It drives psycopg below its cursors,
+  so it runs only with the psycopg releases it was tested with (``TESTED_PSYCOPG``);
+- the public path: psycopg's cursors, a round trip per command, with any other psycopg. The
+  process says so once, at its first batch: a warning (action ``store_slow_path``) that names
+  the installed psycopg and the tested ones to install instead.
 
-The connection must be idle (no statement of psycopg's running, not in pipeline mode), as a
-batch connection from the pool is; errors are psycopg's (``psycopg.errors.error_from_result``),
-so callers translate them as before. A connection left in doubt (the wait was cancelled, the
-socket failed) is closed: the pool replaces it.
+``RELAYER_TEST_WIRE_PATH=public`` forces the public path (read once, when this module is first
+imported): relayer's own tests and benchmarks use it to run both paths. The process's choice is
+the one object ``PROCESS_PATH``; a test swaps it for a ``WirePath`` of its own.
 
 Statements are prepared on the server once per connection (per parameter types), unless a
 transaction pooler is in front (``prepare=False``). psycopg deallocates every prepared
@@ -22,89 +23,121 @@ preparing them anew.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import re
+import logging
+import os
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
-from psycopg import abc, pq
-from psycopg.adapt import PyFormat, Transformer
+from psycopg import pq
+from psycopg.rows import tuple_row
 
 from relayer.store.driver import Connection
+from relayer.store.libpq_pipeline import (
+    TESTED_PSYCOPG,
+    Command,
+    Statement,
+    fast_path_problem,
+    installed_psycopg,
+    run_pipeline,
+)
 
-_PLACEHOLDER = re.compile(r"%\((?P<name>[a-z_][a-z0-9_]*)\)s|%%")
-_numbers = itertools.count(1)  # of the server-side names of prepared statements
+__all__ = [
+    "FORCE_VARIABLE",
+    "PROCESS_PATH",
+    "TESTED_PSYCOPG",
+    "Command",
+    "Results",
+    "Statement",
+    "WirePath",
+    "run",
+    "text_list",
+]
+
+logger = logging.getLogger(__name__)
+
+FORCE_VARIABLE = "RELAYER_TEST_WIRE_PATH"
 _STATEMENT_GONE = "26000"  # invalid_sql_statement_name: a prepared statement was deallocated
-
-# The prepared statements of each connection (by name); forgotten with the connection.
-_prepared: weakref.WeakKeyDictionary[Connection, set[bytes]] = weakref.WeakKeyDictionary()
+_IDLE = pq.TransactionStatus.IDLE
 
 
-class Statement:
-    """A named query (``%(name)s`` placeholders) as the wire takes it: ``$n`` placeholders,
-    the order of its parameters, and the name it is prepared under."""
+class Results(Protocol):
+    """The rows of each command of a ``run`` (by its index)."""
 
-    __slots__ = ("_prepared_as", "name", "parameters", "text")
-
-    def __init__(self, name: str, query: str) -> None:
-        parameters: list[str] = []
-
-        def number(match: re.Match[str]) -> str:
-            if match[0] == "%%":
-                return "%"
-            if match["name"] not in parameters:
-                parameters.append(match["name"])
-            return f"${parameters.index(match['name']) + 1}"
-
-        self.text = _PLACEHOLDER.sub(number, query).encode()
-        self.parameters = tuple(parameters)
-        self.name = name
-        self._prepared_as: dict[tuple[int, ...], bytes] = {}
-
-    def prepared_name(self, types: tuple[int, ...]) -> bytes:
-        """The server-side name of this statement with parameters of these types: short and
-        unique in the process (statements of several stores may share a connection)."""
-        name = self._prepared_as.get(types)
-        if name is None:
-            name = self._prepared_as[types] = f"relayer_{next(_numbers)}".encode()
-        return name
-
-    def __repr__(self) -> str:
-        return f"Statement({self.name!r})"
+    def rows(self, index: int) -> list[tuple[Any, ...]]: ...
 
 
-class Command:
-    """One statement of a pipeline with its parameter values; ``binary``: rows come back in
-    binary (bytea and integers load without parsing text)."""
+class FetchedRows:
+    """The rows of each command as psycopg's cursors fetched them (the public path)."""
 
-    __slots__ = ("binary", "params", "statement")
+    __slots__ = ("_rows",)
 
-    def __init__(
-        self, statement: Statement, params: Mapping[str, Any], *, binary: bool = False
-    ) -> None:
-        self.statement = statement
-        self.params = params
-        self.binary = binary
-
-
-class Results:
-    """The rows of each command of a pipeline (in order), loaded by psycopg's adapters."""
-
-    __slots__ = ("_results", "_transformer")
-
-    def __init__(self, transformer: abc.Transformer, results: list[pq.abc.PGresult]) -> None:
-        self._transformer = transformer
-        self._results = results
+    def __init__(self, rows: list[list[tuple[Any, ...]]]) -> None:
+        self._rows = rows
 
     def rows(self, index: int) -> list[tuple[Any, ...]]:
-        result = self._results[index]
-        transformer = self._transformer
-        transformer.set_pgresult(result)
-        rows: list[tuple[Any, ...]] = transformer.load_rows(0, result.ntuples, tuple)
-        return rows
+        return self._rows[index]
+
+
+class WirePath:
+    """The way a process's commands go to PostgreSQL, and what the fast path keeps of each
+    connection (the names of the statements it prepared there).
+
+    ``public``: through psycopg's cursors; ``problem``: why the fast path cannot run here (it
+    implies ``public`` and is said once, as a warning, at the first ``run``).
+    """
+
+    __slots__ = ("_prepared", "_warned", "problem", "public")
+
+    def __init__(self, *, public: bool = False, problem: str | None = None) -> None:
+        self.problem = problem
+        self.public = public or problem is not None
+        # Forgotten with the connection (a connection the pool closed and dropped).
+        self._prepared: weakref.WeakKeyDictionary[Connection, set[bytes]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._warned = False
+
+    @classmethod
+    def for_this_process(cls, environ: Mapping[str, str] = os.environ) -> WirePath:
+        """The fast path if the installed psycopg is a tested one and ``environ`` does not
+        force the public path."""
+        forced = environ.get(FORCE_VARIABLE, "").strip().lower() == "public"
+        return cls(public=forced, problem=fast_path_problem(installed_psycopg()))
+
+    async def send(
+        self,
+        conn: Connection,
+        commands: Sequence[Command],
+        *,
+        begin: bool,
+        commit: bool,
+        prepare: bool,
+    ) -> Results:
+        """``run``'s commands, once, this way (``begin``: no transaction is open; open one)."""
+        if self.problem is not None and not self._warned:
+            self._warned = True
+            logger.warning(
+                "relayer runs the statements of its batches through psycopg's cursors (slower: a "
+                "round trip per statement and more CPU than its fast path): %s",
+                self.problem,
+                extra={"action": "store_slow_path"},
+            )
+        if self.public:
+            return await _through_cursors(
+                conn, commands, begin=begin, commit=commit, prepare=prepare
+            )
+        prepared = self._prepared.setdefault(conn, set()) if prepare else None
+        return await run_pipeline(conn, commands, begin=begin, commit=commit, prepared=prepared)
+
+    def forget_prepared(self, conn: Connection) -> None:
+        """The server deallocated ``conn``'s prepared statements: prepare them anew."""
+        self._prepared.pop(conn, None)
+
+
+# The psycopg a process runs with is the process's: so is the path (tests swap it).
+PROCESS_PATH = WirePath.for_this_process()
 
 
 def text_list(numbers: Iterable[int]) -> str:
@@ -121,139 +154,69 @@ async def run(
     commit: bool = False,
     prepare: bool = True,
 ) -> Results:
-    """Run ``commands`` in one round trip on ``conn``: after a BEGIN if ``begin`` (and none is
-    open), followed by a COMMIT if ``commit``; the rows of each command. Raises the first
-    failing command's error (psycopg's); the transaction is then in error, for the caller to
-    roll back."""
-    opens = begin and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+    """Run ``commands`` on ``conn``: after a BEGIN if ``begin`` (and none is open), followed by
+    a COMMIT if ``commit``; the rows of each command. Raises the first failing command's error
+    (psycopg's); the transaction is then in error, for the caller to roll back. ``conn`` must
+    be idle (no statement of psycopg's running, not in pipeline mode), as a batch connection
+    from the pool is; one left in doubt (the wait was cancelled, the socket failed) is closed:
+    the pool replaces it."""
+    path = PROCESS_PATH
+    opens = begin and conn.info.transaction_status == _IDLE
     try:
-        return await _run(conn, commands, begin=opens, commit=commit, prepare=prepare)
+        return await path.send(conn, commands, begin=opens, commit=commit, prepare=prepare)
     except psycopg.Error as exc:
         if not (prepare and opens and exc.sqlstate == _STATEMENT_GONE and not conn.closed):
             raise
         # psycopg deallocated every prepared statement (after a rollback): the transaction
         # this call began did nothing yet; it ends, and the statements are prepared again.
-        _prepared.pop(conn, None)
+        path.forget_prepared(conn)
         await conn.rollback()
-        return await _run(conn, commands, begin=True, commit=commit, prepare=prepare)
+        return await path.send(conn, commands, begin=True, commit=commit, prepare=prepare)
 
 
-_BEGIN, _PREPARE, _COMMAND, _COMMIT = range(4)
-
-
-async def _run(
+async def _through_cursors(
     conn: Connection,
     commands: Sequence[Command],
     *,
     begin: bool,
     commit: bool,
     prepare: bool,
-) -> Results:
-    pgconn = conn.pgconn
-    transformer: abc.Transformer = Transformer(conn)
-    prepared = _prepared.setdefault(conn, set()) if prepare else set()
-    added: list[bytes] = []
-    sent: list[int] = []  # what each result to come answers, in order
-    pgconn.enter_pipeline_mode()
+) -> FetchedRows:
+    """The public path: each command through a psycopg cursor, in the transaction the pipeline
+    would run it in. Anything but the server's answer (an error with a SQLSTATE) leaves the
+    connection in doubt, as on the fast path: it is closed."""
     try:
-        if begin:
-            pgconn.send_query_params(b"BEGIN", None)
-            sent.append(_BEGIN)
-        for command in commands:
-            statement = command.statement
-            params = command.params
-            values = transformer.dump_sequence(
-                [params[name] for name in statement.parameters],
-                [PyFormat.AUTO] * len(statement.parameters),
-            )
-            types, formats = transformer.types or (), transformer.formats
-            result_format = pq.Format.BINARY if command.binary else pq.Format.TEXT
-            if prepare:
-                name = statement.prepared_name(tuple(types))
-                if name not in prepared:
-                    pgconn.send_prepare(name, statement.text, param_types=types)
-                    added.append(name)
-                    sent.append(_PREPARE)
-                pgconn.send_query_prepared(
-                    name, values, param_formats=formats, result_format=result_format
-                )
-            else:
-                pgconn.send_query_params(
-                    statement.text,
-                    values,
-                    param_types=types,
-                    param_formats=formats,
-                    result_format=result_format,
-                )
-            sent.append(_COMMAND)
-        if commit:
-            pgconn.send_query_params(b"COMMIT", None)
-            sent.append(_COMMIT)
-        pgconn.pipeline_sync()
-        received = await _receive(pgconn)
-        pgconn.exit_pipeline_mode()
-    except BaseException:
-        if pgconn.pipeline_status != pq.PipelineStatus.OFF:
-            # Cancelled or failed half-way: results are still to come, and psycopg cannot use
-            # a connection left in pipeline mode. Closed; the pool opens another.
-            pgconn.finish()
+        if begin or conn.info.transaction_status != _IDLE:
+            if begin and conn.autocommit:  # else psycopg begins with the first command
+                await conn.execute("BEGIN")
+            rows = await _execute_each(conn, commands, prepare)
+            if commit:
+                await conn.commit()
+        else:
+            # No transaction open and none asked for: the pipeline's commands would run in one
+            # implicit transaction, ended by its sync.
+            async with conn.transaction():
+                rows = await _execute_each(conn, commands, prepare)
+    except psycopg.Error as exc:
+        if exc.sqlstate is None:
+            await conn.close()
         raise
-    if len(received) != len(sent):
-        pgconn.finish()
-        raise psycopg.InternalError(
-            f"pipeline of {len(sent)} statements returned {len(received)} results; the "
-            "connection was closed"
-        )
-    # A statement prepared is kept whatever comes after it (not undone by a rollback).
-    names = iter(added)
-    for result, kind in zip(received, sent, strict=True):
-        if kind == _PREPARE:
-            name = next(names)
-            if result.status == pq.ExecStatus.COMMAND_OK:
-                prepared.add(name)
-    for result in received:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
-    kept = [result for result, kind in zip(received, sent, strict=True) if kind == _COMMAND]
-    return Results(transformer, kept)
+    except BaseException:
+        await conn.close()
+        raise
+    return FetchedRows(rows)
 
 
-async def _receive(pgconn: pq.abc.PGconn) -> list[pq.abc.PGresult]:
-    """Send what is queued and collect a result per statement, up to the pipeline's sync."""
-    loop = asyncio.get_running_loop()
-    socket = pgconn.socket
-    waiter: asyncio.Future[None] | None = None
-
-    def wake() -> None:
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    results: list[pq.abc.PGresult] = []
-    loop.add_reader(socket, wake)
-    try:
-        while pgconn.flush():  # the socket is full: wait until it takes more (or replies)
-            waiter = loop.create_future()
-            loop.add_writer(socket, wake)
-            try:
-                await waiter
-            finally:
-                loop.remove_writer(socket)
-            pgconn.consume_input()
-        ended = False  # the last result read ended a statement's results
-        while True:
-            while not pgconn.is_busy():
-                result = pgconn.get_result()
-                if result is None:
-                    if ended:
-                        break  # nothing more until more arrives
-                    ended = True
-                    continue
-                ended = False
-                if result.status == pq.ExecStatus.PIPELINE_SYNC:
-                    return results
-                results.append(result)
-            waiter = loop.create_future()
-            await waiter
-            pgconn.consume_input()
-    finally:
-        loop.remove_reader(socket)
+async def _execute_each(
+    conn: Connection, commands: Sequence[Command], prepare: bool
+) -> list[list[tuple[Any, ...]]]:
+    fetched: list[list[tuple[Any, ...]]] = []
+    for command in commands:
+        statement = command.statement
+        # Only its own parameters, as the pipeline binds them (a command's values may serve
+        # several statements).
+        params = {name: command.params[name] for name in statement.parameters}
+        async with conn.cursor(binary=command.binary, row_factory=tuple_row) as cursor:
+            await cursor.execute(statement.query, params, prepare=prepare)
+            fetched.append(await cursor.fetchall() if cursor.description is not None else [])
+    return fetched

@@ -2,7 +2,8 @@
 server connections per database and DISCARD ALL whenever one changes hands, so that any
 session state relayer relied on (a prepared statement, a SET, a LISTEN, a session lock) would
 fail here. Rows from several writer connections, each past psycopg's prepare threshold, reach
-the consumer complete and in per-key order, with nothing rolled back on the way."""
+the consumer complete and in per-key order, with nothing rolled back on the way. On each path of
+relayer.store.wire (libpq's pipeline, psycopg's cursors)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ async def write_from_clients(store: StoreSettings, destination: str) -> int:
     return TRANSACTIONS * ROWS
 
 
+@pytest.mark.usefixtures("wire_path")
 async def test_written_and_relayed_through_pgbouncer(
     broker: Broker,
     transport: Transport,

@@ -2,7 +2,8 @@
 
 The transport-level suite checks outcomes; this one checks what the protocol makes of them:
 the key sent to the bad destination is parked with the transport's actionable message, and the
-other keys of the same lane reach the consumer, complete and in order.
+other keys of the same lane reach the consumer, complete and in order. On each path of
+relayer.store.wire (libpq's pipeline, psycopg's cursors).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def database(request: pytest.FixtureRequest, pg_dsn: str) -> tuple[str, dict[str
     return bouncer.dsn_for(pg_dsn), {"pooler": "transaction"}
 
 
+@pytest.mark.usefixtures("wire_path")
 async def test_a_bad_destination_parks_only_its_key(
     broker: Broker, transport: Transport, database: tuple[str, dict[str, Any]]
 ) -> None:

@@ -1,9 +1,12 @@
-"""relayer.store.wire on real PostgreSQL: a pipeline of statements in one round trip, its
-prepared statements, its errors, and a connection it leaves in doubt."""
+"""relayer.store.wire on real PostgreSQL: a batch of statements, its prepared statements, its
+errors, and a connection it leaves in doubt, the same on both paths (libpq's pipeline in one
+round trip, psycopg's cursors); the path a psycopg release takes, and the warning of the public
+path."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,7 +28,10 @@ LENGTH = wire.Statement("length", "SELECT pg_catalog.length(%(text)s::text)")
 
 
 @pytest.fixture
-async def conn(pg_dsn: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+async def conn(
+    pg_dsn: str, wire_path: wire.WirePath
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection, and the test runs on each path."""
     connection = await psycopg.AsyncConnection.connect(pg_dsn)
     try:
         yield connection
@@ -142,3 +148,41 @@ async def test_a_lost_connection_raises_an_operational_error(
         await admin.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
     with pytest.raises(psycopg.OperationalError):
         await wire.run(conn, [wire.Command(LENGTH, {"text": "a"})], begin=True)
+
+
+async def prepared_names(conn: psycopg.AsyncConnection[Any]) -> list[str]:
+    cursor = await conn.execute("SELECT name FROM pg_catalog.pg_prepared_statements ORDER BY 1")
+    names = [str(row[0]) for row in await cursor.fetchall()]
+    await conn.rollback()
+    return names
+
+
+@pytest.mark.parametrize(("version", "fast"), [("3.3.9", True), ("3.9.0", False)])
+async def test_the_installed_psycopg_chooses_the_path_and_the_public_one_is_said_once(
+    pg_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    version: str,
+    fast: bool,
+) -> None:
+    """A tested psycopg takes libpq's pipeline, which prepares statements under relayer's
+    names; another takes psycopg's cursors (psycopg prepares them under its own), with one
+    warning for the process that names the version and the psycopg to install."""
+    monkeypatch.setattr(wire, "installed_psycopg", lambda: version)
+    monkeypatch.setattr(wire, "PROCESS_PATH", wire.WirePath.for_this_process(environ={}))
+    caplog.set_level(logging.WARNING, logger="relayer.store.wire")
+    async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+        for text in ("a", "ab"):
+            results = await wire.run(
+                conn, [wire.Command(LENGTH, {"text": text})], begin=True, commit=True
+            )
+            assert results.rows(0) == [(len(text),)]
+        [name] = await prepared_names(conn)
+    assert name.startswith("relayer_") is fast
+    warnings = [record.getMessage() for record in caplog.records]
+    if fast:
+        assert warnings == []
+    else:
+        [warning] = warnings
+        assert "psycopg 3.9.0 is not one the fast path was tested with" in warning
+        assert "pip install 'psycopg[binary,pool]>=" in warning
