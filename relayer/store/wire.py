@@ -5,7 +5,7 @@ with its values each) and returns the rows of each command.
 It goes one of two ways, with the same statements, parameters, transaction, rows and errors:
 - the fast path (relayer.store.libpq_pipeline): the commands in one round trip through libpq's
   pipeline, for about a quarter of psycopg's client CPU. It drives psycopg below its cursors,
-  so it runs only with the psycopg releases it was tested with (``TESTED_PSYCOPG``);
+  so it runs only with the psycopg releases it was tested with (``TESTED_PSYCOPG`` there);
 - the public path: psycopg's cursors, a round trip per command, with any other psycopg. The
   process says so once, at its first batch: a warning (action ``store_slow_path``) that names
   the installed psycopg and the tested ones to install instead.
@@ -35,7 +35,6 @@ from psycopg.rows import tuple_row
 
 from relayer.store.driver import Connection
 from relayer.store.libpq_pipeline import (
-    TESTED_PSYCOPG,
     Command,
     Statement,
     fast_path_problem,
@@ -46,7 +45,6 @@ from relayer.store.libpq_pipeline import (
 __all__ = [
     "FORCE_VARIABLE",
     "PROCESS_PATH",
-    "TESTED_PSYCOPG",
     "Command",
     "Results",
     "Statement",
