@@ -20,12 +20,12 @@ from typing import Any
 
 from psycopg import sql
 
-from relayer.connection import connect
 from relayer.errors import RelayerError
 from relayer.lanes import lane_for
 from relayer.operations import schema
 from relayer.operations.status import read_status
 from relayer.settings import StoreSettings, WorkerSettings, store_settings
+from relayer.store.driver import connect
 from relayer.worker import Worker
 from relayer.writer.messages import OutboxMessage
 from relayer.writer.outbox import Outbox

@@ -38,8 +38,8 @@ def register(commands: Any) -> None:
 
 
 async def _list(context: Context) -> int:
-    from relayer.connection import connect
     from relayer.operations import parked
+    from relayer.store.driver import connect
 
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="parked") as conn:
@@ -65,8 +65,8 @@ async def _list(context: Context) -> int:
 
 
 async def _redrive(context: Context) -> int:
-    from relayer.connection import connect
     from relayer.operations import parked
+    from relayer.store.driver import connect
 
     store = context.store(context.arguments.store)
     async with await connect(store, purpose="parked") as conn:
@@ -77,8 +77,8 @@ async def _redrive(context: Context) -> int:
 
 
 async def _drop(context: Context) -> int:
-    from relayer.connection import connect
     from relayer.operations import parked
+    from relayer.store.driver import connect
 
     store = context.store(context.arguments.store)
     if context.arguments.key is None and not context.arguments.yes:

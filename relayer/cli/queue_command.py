@@ -12,7 +12,6 @@ from typing import Any
 
 from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, Context
-from relayer.connection import connect
 from relayer.dispatch.control import (
     QueueControl,
     QueueStatus,
@@ -22,6 +21,7 @@ from relayer.dispatch.control import (
 from relayer.dispatch.policies import ALL_QUEUES
 from relayer.operations.queues import parse_limit
 from relayer.settings import StoreSettings
+from relayer.store.driver import connect
 
 
 def register(commands: Any) -> None:

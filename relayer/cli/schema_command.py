@@ -7,9 +7,9 @@ from typing import Any
 
 from relayer.cli import documents
 from relayer.cli.common import EXIT_OK, EXIT_RUNTIME, Context
-from relayer.connection import connect
 from relayer.operations import schema
 from relayer.operations.grants import KINDS, render
+from relayer.store.driver import connect
 
 
 def register(commands: Any) -> None:

@@ -54,8 +54,8 @@ async def _status(context: Context) -> int:
         return await _status_all(context, checking)
     if arguments.store is None:
         raise UsageError("give the store to show, or --all for every configured store")
-    from relayer.connection import connect
     from relayer.operations.status import read_status
+    from relayer.store.driver import connect
 
     store = context.store(arguments.store)
     async with await connect(store, purpose="status") as conn:

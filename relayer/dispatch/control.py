@@ -20,7 +20,6 @@ from typing import Any
 
 import psycopg
 
-from relayer.connection import connect
 from relayer.dispatch.policies import ALL_QUEUES, InvalidDispatchError, check_queue_name
 from relayer.errors import ConfigurationError, DispatchError, SchemaNotAppliedError
 from relayer.identifiers import StoreNames
@@ -29,6 +28,7 @@ from relayer.operations.schema import read_meta, verify_meta
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
+from relayer.store.driver import connect
 
 DISPATCH_SCHEMA_VERSION = 2  # the migration that created the queue tables (0002_dispatch)
 CLAIM_SCHEMA_VERSION = 5  # the migration that created the claim function (0005_claim_function)

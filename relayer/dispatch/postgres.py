@@ -40,7 +40,6 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from relayer.connection import connect
 from relayer.dispatch.cluster import (
     ClaimRequest,
     ClaimResult,
@@ -60,7 +59,7 @@ from relayer.observability.throttle import ThrottledLog, shape
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store import wire
-from relayer.store.driver import hang_up
+from relayer.store.driver import connect, hang_up
 
 logger = logging.getLogger(__name__)
 

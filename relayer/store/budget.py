@@ -35,10 +35,16 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from relayer.connection import connection_kwargs
 from relayer.errors import ConnectionsBusy
 from relayer.settings import StoreSettings
-from relayer.store.driver import DRIVER_ERRORS, Connection, hang_up, is_broken, store_error
+from relayer.store.driver import (
+    DRIVER_ERRORS,
+    Connection,
+    connection_kwargs,
+    hang_up,
+    is_broken,
+    store_error,
+)
 
 logger = logging.getLogger(__name__)
 

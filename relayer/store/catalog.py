@@ -12,10 +12,9 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from relayer.connection import APPLICATION_NAME
 from relayer.errors import StoreError
 from relayer.redact import redact
-from relayer.store.driver import DRIVER_ERRORS
+from relayer.store.driver import APPLICATION_NAME, DRIVER_ERRORS
 
 # The transaction's own statement timeout (SET LOCAL), as a bound value.
 SET_TIMEOUT: LiteralString = "SELECT pg_catalog.set_config('statement_timeout', %s, true)"

@@ -17,13 +17,14 @@ from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
-from relayer.connection import connect, connection_kwargs
 from relayer.pooler import idle_timeout_setting
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import (
     DRIVER_ERRORS,
     Connection,
+    connect,
+    connection_kwargs,
     hang_up,
     is_broken,
     store_error,

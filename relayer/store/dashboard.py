@@ -19,11 +19,16 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from relayer.connection import connection_kwargs
 from relayer.dispatch.control import QueueControl, QueueStatus
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.store.driver import DRIVER_ERRORS, Connection, translated_verbatim, verbatim_error
+from relayer.store.driver import (
+    DRIVER_ERRORS,
+    Connection,
+    connection_kwargs,
+    translated_verbatim,
+    verbatim_error,
+)
 
 COUNT_CAP = 10_000  # counts shown exactly up to this, then "10,000+"
 PARKED_CAP = 100_000  # parked keys read per snapshot for the heat map

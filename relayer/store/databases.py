@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 
 from psycopg.conninfo import conninfo_to_dict
 
-from relayer.connection import connect
 from relayer.deadlines import Deadlines
 from relayer.errors import ConfigurationError
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.store.budget import BatchPool, ConnectionBudget
 from relayer.store.connections import Session, batch_settings, can_listen
-from relayer.store.driver import Connection
+from relayer.store.driver import Connection, connect
 from relayer.store.housekeeping import Housekeeping
 from relayer.store.listener import SharedListener
 

@@ -1,9 +1,11 @@
-"""The driver's edge: the connection type the gateway hands out and the one translation of
-driver errors into :class:`~relayer.errors.StoreError`.
+"""The driver's edge: opening connections to a store, the connection type the gateway hands
+out, and the one translation of driver errors into relayer errors.
 
-Code outside ``relayer.store`` names connections only as :data:`Connection` and catches only
-relayer errors; every psycopg, socket and pool error is turned into a StoreError here, with a
-redacted message and the original chained (``raise ... from exc``).
+Code outside ``relayer.store`` names connections only as :data:`Connection`, opens them only
+with :func:`connect` and catches only relayer errors; every psycopg, socket and pool error
+that the gateway handles is turned into a relayer error here or in the gateway module that ran
+the statement (:func:`translated`), with a redacted message and the original chained
+(``raise ... from exc``).
 """
 
 from __future__ import annotations
@@ -18,31 +20,76 @@ from typing import Any, TypeAlias
 
 import psycopg
 
-from relayer.errors import StoreError
+from relayer.errors import RelayerError, StoreError
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 
 Connection: TypeAlias = psycopg.AsyncConnection[Any]
 """A connection the gateway opened or lent (autocommit or not, as the gateway says)."""
 
+APPLICATION_NAME = "relayer"
+
 # What talking to PostgreSQL can raise besides relayer's own errors: every driver error (a
 # pool's PoolTimeout and PoolClosed are psycopg errors too) and socket errors.
 DRIVER_ERRORS: tuple[type[Exception], ...] = (psycopg.Error, OSError)
 
 
+def connection_kwargs(store: StoreSettings, *, autocommit: bool, name: str) -> dict[str, Any]:
+    """The keyword arguments of every connection relayer opens to ``store``, named
+    ``relayer:NAME`` in pg_stat_activity."""
+    kwargs: dict[str, Any] = {
+        "autocommit": autocommit,
+        "application_name": f"{APPLICATION_NAME}:{name}"[:63],
+    }
+    if store.pooler == "transaction":
+        # A server-side prepared statement lives on one server connection, and a transaction
+        # pooler hands the next transaction to any (PgBouncer before 1.21 cannot route them).
+        kwargs["prepare_threshold"] = None
+    return kwargs
+
+
+async def connect(
+    store: StoreSettings,
+    *,
+    autocommit: bool = True,
+    purpose: str = "relayer",
+    dsn: str | None = None,
+) -> Connection:
+    """An async connection to ``store``'s database (StoreError with a redacted reason);
+    through ``dsn`` instead of the store's when given (its ``listen_dsn`` or ``admin_dsn``)."""
+    dsn = dsn or store.require_dsn()
+    try:
+        return await psycopg.AsyncConnection.connect(
+            dsn, **connection_kwargs(store, autocommit=autocommit, name=purpose)
+        )
+    except (psycopg.Error, OSError) as exc:
+        raise StoreError(
+            f"store {store.name!r}: cannot connect to {redact(dsn)}: {redact(str(exc)).strip()}"
+        ) from exc
+
+
+def failure(store: StoreSettings, doing: str, exc: BaseException) -> str:
+    """What a StoreError says about ``exc`` (a driver or socket error): the store, what
+    failed and the driver's reason, redacted."""
+    reason = redact(str(exc)).strip() or type(exc).__name__
+    return f"store {store.name!r}: {doing} failed: {reason}"
+
+
 def store_error(store: StoreSettings, doing: str, exc: BaseException) -> StoreError:
     """``exc`` (a driver or socket error) as a StoreError naming the store and what failed."""
-    reason = redact(str(exc)).strip() or type(exc).__name__
-    return StoreError(f"store {store.name!r}: {doing} failed: {reason}")
+    return StoreError(failure(store, doing, exc))
 
 
 @contextmanager
-def translated(store: StoreSettings, doing: str) -> Iterator[None]:
-    """Raise driver errors of the block as StoreError (relayer errors pass unchanged)."""
+def translated(
+    store: StoreSettings, doing: str, error: type[RelayerError] = StoreError
+) -> Iterator[None]:
+    """Raise driver errors of the block as StoreError, or as ``error`` where callers expect
+    another relayer error (relayer errors pass unchanged)."""
     try:
         yield
     except DRIVER_ERRORS as exc:
-        raise store_error(store, doing, exc) from exc
+        raise error(failure(store, doing, exc)) from exc
 
 
 def verbatim_error(exc: BaseException) -> StoreError:

@@ -18,12 +18,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from relayer.connection import connect
 from relayer.errors import StoreError
 from relayer.observability.throttle import ThrottledLog, shape
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.store.driver import DRIVER_ERRORS, Connection, hang_up, store_error
+from relayer.store.driver import DRIVER_ERRORS, Connection, connect, hang_up, store_error
 
 logger = logging.getLogger(__name__)
 

@@ -115,7 +115,7 @@ def relayer_store(
     store = store_settings(**values)
 
     async def apply() -> None:
-        from relayer.connection import connect
+        from relayer.store.driver import connect
 
         conn = await connect(store, purpose="testing schema")
         async with conn:
@@ -131,7 +131,7 @@ def relayer_store(
 async def _drop_schema(store: StoreSettings) -> None:
     from psycopg import sql
 
-    from relayer.connection import connect
+    from relayer.store.driver import connect
 
     conn = await connect(store, purpose="testing schema")
     async with conn:

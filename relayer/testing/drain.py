@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from relayer.connection import connect
 from relayer.relay.batch import LaneRelay
 from relayer.relay.results import Scan, after_probe
 from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore
+from relayer.store.driver import connect
 from relayer.transports.base import Transport
 from relayer.transports.routing import Routing
 

@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from relayer.connection import connect
 from relayer.errors import ConfigurationError, StoreError
 from relayer.settings import load_settings
+from relayer.store.driver import connect
 from tests.acceptance.cli import environment
 from tests.badinput.support import CliCase, run_cases
 from tests.conftest import make_store

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from relayer.connection import connect
 from relayer.relay.batch import LaneRelay
 from relayer.relay.results import Scan
 from relayer.settings import StoreSettings
+from relayer.store.driver import connect
 from relayer.transports.base import Transport
 from relayer.transports.routing import Routing
 from tests.conftest import apply_schema, make_store

@@ -11,11 +11,11 @@ import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
 
-from relayer.connection import connect
 from relayer.dispatch import ClaimRequest, PostgresClusterState, QueueControl
 from relayer.dispatch.dispatcher import DispatcherConnection
 from relayer.settings import StoreSettings
 from relayer.store.budget import ConnectionBudget
+from relayer.store.driver import connect
 from tests.conftest import apply_schema, make_store
 from tests.integration.dispatch.helpers import server_pid, slots_in_use, wait_for_backend_exit
 from tests.integration.pgbouncer.helpers import pooled
