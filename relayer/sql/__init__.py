@@ -1,19 +1,24 @@
-"""Named SQL queries, parsed once, composed per store with validated identifiers.
+"""The SQL relayer runs: named queries and numbered migrations, parsed once, composed per
+store with validated identifiers. This package runs nothing: ``relayer.store`` does (and the
+writer and the inbox, on the application's connection).
 
-Every statement relayer runs lives in ``queries.sql`` (or a numbered migration). Identifiers
-(schema, tables, indexes) enter only through ``psycopg.sql.Identifier``; values are always
-bound parameters.
+Every statement lives in a named-query file of this package (``queries.sql`` for the core,
+``relay.sql``, ``dispatch.sql``, ``schema.sql``, ...) or in a numbered migration
+(``relayer/migrations/NNNN_name.sql``, see :func:`migrations`). Identifiers (schema, tables,
+indexes) enter only through ``psycopg.sql.Identifier``; values are always bound parameters.
 
 Built-in functions and catalog relations are written qualified (``pg_catalog.now()``,
 ``pg_catalog.pg_locks``) so that no schema placed ahead of ``pg_catalog`` in a role's or
 database's search_path can stand in for them; the writer's statements, which run under the
 application's search_path, qualify their types and operators as well. Migrations run with the
-search_path pinned (``relayer.operations.schema.PIN_SEARCH_PATH``) instead.
+search_path pinned (the ``pin_search_path`` query) instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import LiteralString
@@ -22,6 +27,7 @@ from psycopg import sql
 
 from relayer.identifiers import FUNCTION_SUFFIXES, INDEX_SUFFIXES, TABLE_SUFFIXES, StoreNames
 
+_MIGRATION_FILE = re.compile(r"(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql")
 _HEADER = re.compile(r"^-- name: (?P<name>[a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
@@ -140,3 +146,40 @@ def _without_comment_lines(statement: str) -> LiteralString:
 @cache
 def queries_for(names: StoreNames) -> Queries:
     return Queries(names)
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One numbered migration: its DDL template ({placeholders} as in the named queries)."""
+
+    version: int
+    name: str
+    template: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.template.encode("utf-8")).hexdigest()[:16]
+
+    @property
+    def label(self) -> str:
+        return f"{self.version:04d}_{self.name}"
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    """Every migration shipped with this version, in version order."""
+    found: list[Migration] = []
+    for entry in resources.files("relayer.migrations").iterdir():
+        match = _MIGRATION_FILE.fullmatch(entry.name)
+        if match:
+            found.append(Migration(int(match["version"]), match["name"], entry.read_text("utf-8")))
+    found.sort(key=lambda migration: migration.version)
+    versions = [migration.version for migration in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"relayer migrations are not numbered 1..n without gaps: {versions}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    """The schema version this relayer creates: its last migration's."""
+    return migrations()[-1].version

@@ -18,11 +18,11 @@ from uuid import UUID
 import psycopg
 
 from relayer.errors import FencedWriteError
-from relayer.operations import schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store import wire
 from relayer.store.connections import batch_settings, local_settings
+from relayer.store.drift import require_meta
 from relayer.store.driver import DRIVER_ERRORS, Connection, hang_up, store_error, translated
 from relayer.transports.base import OutboundBatch
 
@@ -133,9 +133,9 @@ class RelayStore:
 
     async def prepare(self, conn: Connection) -> None:
         """Before serving the store: refuse a missing, old or drifted schema or another lane
-        count (relayer.operations.schema), and make sure every lane has its lease row."""
+        count (relayer.store.drift), and make sure every lane has its lease row."""
         with translated(self.store, "check the schema"):
-            await schema.require_meta(conn, self.store)
+            await require_meta(conn, self.store)
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
 
     async def heartbeat(

@@ -129,15 +129,12 @@ def relayer_store(
 
 
 async def _drop_schema(store: StoreSettings) -> None:
-    from psycopg import sql
-
+    from relayer.store import schema
     from relayer.store.driver import connect
 
     conn = await connect(store, purpose="testing schema")
     async with conn:
-        await conn.execute(
-            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(store.db_schema))
-        )
+        await schema.drop(conn, store)
 
 
 @pytest.fixture

@@ -80,8 +80,8 @@ def test_every_named_query_qualifies_its_built_ins(name: str) -> None:
 
 
 def test_the_drift_check_and_the_printed_script_qualify_theirs() -> None:
-    for text in (schema._COLUMNS, schema._INDEXES, schema._CONSTRAINTS, schema._SCHEMA_OID):
-        assert unqualified(text) == []
+    for name in ("catalog_columns", "catalog_indexes", "catalog_constraints", "catalog_schema_oid"):
+        assert unqualified(raw_queries()[name]) == []
     script = schema.render(StoreSettings(name="orders"))
     assert script.splitlines()[1] == "SET LOCAL search_path = pg_catalog, pg_temp;"
     before_migrations = script.split("-- migration")[0]

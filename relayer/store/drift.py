@@ -1,0 +1,191 @@
+"""The drift check: every difference between a store's tables and this version's migrations,
+and the check a worker runs before serving a store (:func:`require_meta`), which includes it.
+
+The expected tables are built as temporary tables inside a transaction that is rolled back,
+and the catalogs of both are compared, so the expectation is always exactly what the
+migrations create. Both catalogs are read under the pinned search_path (relayer/sql/schema.sql).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from relayer.errors import SchemaDriftError
+from relayer.identifiers import TABLE_SUFFIXES, StoreNames
+from relayer.settings import StoreSettings
+from relayer.sql import Queries, compose, latest_version, migrations, queries_for
+from relayer.store.driver import Connection
+from relayer.store.schema import StoreMeta, read_meta, verify_meta
+
+_TEMP = "pg_temp"
+_QUALIFIER = re.compile(r' ON (ONLY )?(?:"(?:[^"]|"")+"|[a-z_][a-z0-9_$]*)\.')
+
+
+@dataclass(frozen=True, slots=True)
+class Drift:
+    """One difference between the database and what this version of relayer expects."""
+
+    subject: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Catalog:
+    columns: dict[str, dict[str, tuple[str, bool, str]]]
+    indexes: dict[str, dict[str, str]]
+    constraints: dict[str, set[str]]
+
+
+async def check(conn: Connection, store: StoreSettings) -> list[Drift]:
+    """Every difference between the store's tables and this version's migrations."""
+    names = store.names
+    queries = queries_for(names)
+    meta = await read_meta(conn, names)
+    if meta is None:
+        return [Drift(f"{names.schema}.{names.table('meta')}", "missing: schema never applied")]
+    drift: list[Drift] = []
+    if meta.schema_version < latest_version():
+        pending = [m.label for m in migrations() if m.version > meta.schema_version]
+        drift.append(
+            Drift("schema_version", f"{meta.schema_version}; pending: {', '.join(pending)}")
+        )
+    elif meta.schema_version > latest_version():
+        drift.append(
+            Drift(
+                "schema_version",
+                f"{meta.schema_version} was written by a newer relayer (this one knows "
+                f"{latest_version()}); upgrade relayer",
+            )
+        )
+    if meta.lanes != store.lanes:
+        drift.append(Drift("lanes", f"recorded {meta.lanes}, configured {store.lanes}"))
+    cursor = await conn.execute(queries["applied_migrations"])
+    recorded = {int(row[0]): str(row[2]) for row in await cursor.fetchall()}
+    for migration in migrations():
+        checksum = recorded.get(migration.version)
+        if checksum is not None and checksum != migration.checksum:
+            drift.append(
+                Drift(f"migration {migration.label}", "its text changed since it was applied")
+            )
+    drift.extend(await _compare_catalogs(conn, store, meta.schema_version))
+    return drift
+
+
+async def require_meta(conn: Connection, store: StoreSettings) -> StoreMeta:
+    """The store's metadata, for a worker about to serve it: refuses a missing schema, an old
+    schema, a lane-count mismatch, and tables that drifted from this version's migrations
+    (what ``relayer schema check`` lists) instead of failing on them batch after batch."""
+    meta = verify_meta(store, await read_meta(conn, store.names))
+    if meta.schema_version == latest_version():  # a newer schema is the newer relayer's to check
+        try:
+            drift = await check(conn, store)
+        except psycopg.errors.InsufficientPrivilege:
+            return meta  # the comparison needs TEMP; `relayer schema check` run by the owner can
+        if drift:
+            shown = "; ".join(str(item) for item in drift[:3])
+            more = f"; and {len(drift) - 3} more" if len(drift) > 3 else ""
+            raise SchemaDriftError(
+                f"store {store.name!r}: its tables differ from schema version {latest_version()} "
+                f"({shown}{more}); restore them as `relayer schema print {store.name}` shows, "
+                f"until `relayer schema check {store.name}` passes"
+            )
+    return meta
+
+
+async def _compare_catalogs(
+    conn: Connection, store: StoreSettings, live_version: int
+) -> list[Drift]:
+    names = store.names
+    queries = queries_for(names)
+    tables = [names.table(role) for role in TABLE_SUFFIXES if role != "migrations"]
+    # Both catalogs are read under the pinned search_path: pg_get_expr shows a function
+    # qualified or not depending on it, and the expected tables must bind what apply binds.
+    async with conn.cursor() as cursor, conn.transaction(force_rollback=True):
+        await cursor.execute(queries["pin_search_path"])
+        await cursor.execute(queries["catalog_schema_oid"], (names.schema,))
+        row = await cursor.fetchone()
+        if row is None:
+            return [Drift(f"schema {names.schema}", "missing")]
+        live = await _introspect(cursor, queries, int(row[0]), tables)
+        expected = await _expected_catalog(conn, cursor, names, tables, live_version)
+    drift: list[Drift] = []
+    for table in sorted(set(expected.columns) | set(live.columns)):
+        subject = f"{names.schema}.{table}"
+        if table not in live.columns:
+            drift.append(Drift(subject, "table missing"))
+        elif table in expected.columns:  # else created by a later migration than this version's
+            drift.extend(Drift(subject, detail) for detail in _differences(table, expected, live))
+    return drift
+
+
+def _differences(table: str, expected: _Catalog, live: _Catalog) -> list[str]:
+    """What differs in ``table`` (in both catalogs) from what the migrations create."""
+    found: list[str] = []
+    for column, shape in expected.columns[table].items():
+        actual = live.columns[table].get(column)
+        if actual is None:
+            found.append(f"column {column} missing")
+        elif actual != shape:
+            found.append(f"column {column} is {_shape(actual)}, expected {_shape(shape)}")
+    for column in live.columns[table].keys() - expected.columns[table].keys():
+        found.append(f"column {column} is not part of relayer's schema")
+    live_indexes = live.indexes.get(table, {})
+    for index, definition in expected.indexes.get(table, {}).items():
+        if index not in live_indexes:
+            found.append(f"index {index} missing")
+        elif live_indexes[index] != definition:
+            found.append(f"index {index} is `{live_indexes[index]}`, expected `{definition}`")
+    for definition in expected.constraints.get(table, set()) - live.constraints.get(table, set()):
+        found.append(f"constraint missing: {definition}")
+    return found
+
+
+async def _introspect(
+    cursor: psycopg.AsyncCursor[Any], queries: Queries, namespace: int, tables: Sequence[str]
+) -> _Catalog:
+    columns: dict[str, dict[str, tuple[str, bool, str]]] = {}
+    indexes: dict[str, dict[str, str]] = {}
+    constraints: dict[str, set[str]] = {}
+    await cursor.execute(queries["catalog_columns"], (namespace, list(tables)))
+    for table, column, type_name, not_null, default in await cursor.fetchall():
+        columns.setdefault(table, {})[column] = (type_name, not_null, default)
+    await cursor.execute(queries["catalog_indexes"], (namespace, list(tables)))
+    for table, index, definition in await cursor.fetchall():
+        indexes.setdefault(table, {})[index] = _QUALIFIER.sub(r" ON \1", definition)
+    await cursor.execute(queries["catalog_constraints"], (namespace, list(tables)))
+    for table, definition in await cursor.fetchall():
+        constraints.setdefault(table, set()).add(definition)
+    return _Catalog(columns, indexes, constraints)
+
+
+async def _expected_catalog(
+    conn: Connection,
+    cursor: psycopg.AsyncCursor[Any],
+    names: StoreNames,
+    tables: Sequence[str],
+    version: int,
+) -> _Catalog:
+    temp = StoreNames(_TEMP, names.prefix)
+    queries = queries_for(names)
+    async with conn.transaction(force_rollback=True):
+        for migration in migrations():
+            if migration.version <= version:
+                await cursor.execute(compose(migration.template, temp))
+        await cursor.execute(queries["catalog_temp_schema_oid"])
+        row = await cursor.fetchone()
+        assert row is not None
+        return await _introspect(cursor, queries, int(row[0]), tables)
+
+
+def _shape(shape: tuple[str, bool, str]) -> str:
+    type_name, not_null, default = shape
+    text = type_name + (" NOT NULL" if not_null else " NULL")
+    return text + (f" DEFAULT {default}" if default else "")
