@@ -3,21 +3,17 @@
 An outbox is a queue table: every row is inserted and deleted soon after, so it lives on
 autovacuum. When vacuum falls behind (a long transaction, an abandoned replication slot, a
 scale factor too high for a table this busy), dead tuples pile up and every scan slows down.
-``read_health`` reads what is needed to notice, and ``warnings`` says what to look at; the
-thresholds below are documented in docs/operations.md.
+The gateway reads what is needed to notice (relayer.store.maintenance.read_health), and
+``warnings_of`` says what to look at; the thresholds below are documented in
+docs/operations.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-import psycopg
-
-from relayer.identifiers import TABLE_SUFFIXES
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
 
 # Dead tuples worth a warning: at least this many, and this share of the table's tuples.
 DEAD_ROWS_WARNING = 10_000
@@ -52,55 +48,6 @@ class StoreHealth:
     unordered_max_attempts: int
     unordered_last_error: str | None
     warnings: tuple[str, ...]
-
-
-async def read_health(conn: psycopg.AsyncConnection[Any], store: StoreSettings) -> StoreHealth:
-    """Read the health of ``store``'s tables (read-only, one statement reading the outbox and
-    the catalog only, so an operator's role can run it; cheap enough for every status call)."""
-    health, _ = await _read(conn, store, with_retention=False)
-    return health
-
-
-async def read_health_and_retention(
-    conn: psycopg.AsyncConnection[Any], store: StoreSettings
-) -> tuple[StoreHealth, bool]:
-    """The health of ``store``'s tables, and whether a retention setting has rows to delete
-    (relayer.worker.maintenance.cleanup would delete some), in one read-only statement (it reads the
-    inbox, sequence and parked tables too: the relay's role)."""
-    return await _read(conn, store, with_retention=True)
-
-
-async def _read(
-    conn: psycopg.AsyncConnection[Any], store: StoreSettings, *, with_retention: bool
-) -> tuple[StoreHealth, bool]:
-    params: dict[str, Any] = {
-        "schema": store.db_schema,
-        "tables": [store.names.table(role) for role in TABLE_SUFFIXES],
-    }
-    if with_retention:
-        params.update(
-            inbox_retention=store.inbox_retention,
-            sequence_retention=store.sequence_retention,
-            parked_retention=store.parked_retention,
-        )
-    query = "store_health_and_retention" if with_retention else "store_health"
-    cursor = await conn.execute(
-        queries_for(store.names)[query],
-        params,
-        prepare=False,  # once a cleanup_interval: not worth a prepared statement's memory
-    )
-    row = await cursor.fetchone()
-    assert row is not None  # one row, whatever the tables hold
-    names, live, dead, vacuumed, sizes, due_age, failing, attempts, error = row[:9]
-    found = tuple(
-        TableHealth(str(name), int(live_rows), int(dead_rows), vacuum, int(size))
-        for name, live_rows, dead_rows, vacuum, size in zip(
-            names, live, dead, vacuumed, sizes, strict=True
-        )
-    )
-    health = StoreHealth(found, float(due_age), int(failing), int(attempts), error, ())
-    retention_due = bool(row[9]) if with_retention else False
-    return replace(health, warnings=warnings_of(health, store)), retention_due
 
 
 def warnings_of(health: StoreHealth, store: StoreSettings) -> tuple[str, ...]:

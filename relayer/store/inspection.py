@@ -19,12 +19,13 @@ from relayer.dispatch.control import QueueControl, QueueEvent, QueueStatus, queu
 from relayer.dispatch.policies import ALL_QUEUES
 from relayer.identifiers import TABLE_SUFFIXES
 from relayer.operations import schema
-from relayer.operations.health import StoreHealth, read_health
+from relayer.operations.health import StoreHealth
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.dashboard import COUNT_CAP, Capped
 from relayer.store.driver import Connection, translated_verbatim
+from relayer.store.maintenance import read_health
 
 PAGE_SIZE = 50
 ROWS_SHOWN = 20

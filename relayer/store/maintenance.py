@@ -1,16 +1,20 @@
 """The statements of a store's maintenance (relayer.worker.maintenance): retention passes under
 a task lock, dropping keys that waited too long for an operator, and the table health check.
 
-Statements live in ``relayer/sql/maintenance.sql`` and ``inbox.sql``; each method runs its own
-transaction(s) on ``conn`` (autocommit off) and raises StoreError for driver errors.
+Statements live in ``relayer/sql/maintenance.sql`` and ``inbox.sql``; each method of
+:class:`MaintenanceStore` runs its own transaction(s) on ``conn`` (autocommit off) and raises
+StoreError for driver errors. :func:`read_health` is also what ``relayer status`` and the
+dashboard read, in their own transaction (the values are relayer.operations.health's).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Any
 
-from relayer.operations.health import StoreHealth, read_health, read_health_and_retention
+from relayer.identifiers import TABLE_SUFFIXES
+from relayer.operations.health import StoreHealth, TableHealth, warnings_of
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import Connection, translated
@@ -92,3 +96,52 @@ class MaintenanceStore:
         an autocommit connection (the worker's housekeeping connection)."""
         with translated(self.store, "read the table health"):
             return await read_health_and_retention(conn, self.store)
+
+
+async def read_health(conn: Connection, store: StoreSettings) -> StoreHealth:
+    """Read the health of ``store``'s tables (read-only, one statement reading the outbox and
+    the catalog only, so an operator's role can run it; cheap enough for every status call)."""
+    health, _ = await _read(conn, store, with_retention=False)
+    return health
+
+
+async def read_health_and_retention(
+    conn: Connection, store: StoreSettings
+) -> tuple[StoreHealth, bool]:
+    """The health of ``store``'s tables, and whether a retention setting has rows to delete
+    (relayer.worker.maintenance.cleanup would delete some), in one read-only statement (it
+    reads the inbox, sequence and parked tables too: the relay's role)."""
+    return await _read(conn, store, with_retention=True)
+
+
+async def _read(
+    conn: Connection, store: StoreSettings, *, with_retention: bool
+) -> tuple[StoreHealth, bool]:
+    params: dict[str, Any] = {
+        "schema": store.db_schema,
+        "tables": [store.names.table(role) for role in TABLE_SUFFIXES],
+    }
+    if with_retention:
+        params.update(
+            inbox_retention=store.inbox_retention,
+            sequence_retention=store.sequence_retention,
+            parked_retention=store.parked_retention,
+        )
+    query = "store_health_and_retention" if with_retention else "store_health"
+    cursor = await conn.execute(
+        queries_for(store.names)[query],
+        params,
+        prepare=False,  # once a cleanup_interval: not worth a prepared statement's memory
+    )
+    row = await cursor.fetchone()
+    assert row is not None  # one row, whatever the tables hold
+    names, live, dead, vacuumed, sizes, due_age, failing, attempts, error = row[:9]
+    found = tuple(
+        TableHealth(str(name), int(live_rows), int(dead_rows), vacuum, int(size))
+        for name, live_rows, dead_rows, vacuum, size in zip(
+            names, live, dead, vacuumed, sizes, strict=True
+        )
+    )
+    health = StoreHealth(found, float(due_age), int(failing), int(attempts), error, ())
+    retention_due = bool(row[9]) if with_retention else False
+    return replace(health, warnings=warnings_of(health, store)), retention_due

@@ -8,8 +8,8 @@ import asyncio
 import psycopg
 
 from relayer import Outbox, OutboxMessage
-from relayer.operations.health import read_health_and_retention
 from relayer.settings import StoreSettings, WorkerSettings
+from relayer.store.maintenance import read_health_and_retention
 from relayer.worker import Worker
 from relayer.worker.maintenance import Task, maintenance_queue
 from tests.integration.maintenance.test_retention import claim_messages, execute
