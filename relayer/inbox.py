@@ -28,12 +28,9 @@ from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
-import psycopg
-
-from relayer.errors import InvalidMessageError, SchemaNotAppliedError
-from relayer.pooler import caller_prepare
+from relayer.errors import InvalidMessageError
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
+from relayer.store.inbox import ClaimRow, InboxStatements
 from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQUENCE_HEADER
 from relayer.writer.sequences import sequence_of
 from relayer.writer.transactions import (
@@ -114,8 +111,7 @@ class Inbox:
 
     def __init__(self, store: StoreSettings) -> None:
         self.store = store
-        self._claim = queries_for(store.names)["inbox_claim"]
-        self._prepare = caller_prepare(store.pooler)
+        self._statements = InboxStatements(store)
 
     def __repr__(self) -> str:
         return f"Inbox(store={self.store.name!r})"
@@ -133,11 +129,7 @@ class Inbox:
         params = _params(message_id, consumer, key, sequence)
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         require_transaction(connection, "inbox entry")
-        try:
-            row = connection.execute(self._claim, params, prepare=self._prepare).fetchone()
-        except psycopg.errors.UndefinedTable as exc:
-            raise self._not_applied() from exc
-        return _verdict(params, row)
+        return _verdict(params, self._statements.claim(connection, params))
 
     def claim_message(self, conn: Any, message: Any, consumer: str) -> Claim:
         """``claim`` with the id, key and sequence read from a broker message."""
@@ -158,12 +150,7 @@ class Inbox:
         params = _params(message_id, consumer, key, sequence)
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         require_transaction(connection, "inbox entry")
-        try:
-            cursor = await connection.execute(self._claim, params, prepare=self._prepare)
-            row = await cursor.fetchone()
-        except psycopg.errors.UndefinedTable as exc:
-            raise self._not_applied() from exc
-        return _verdict(params, row)
+        return _verdict(params, await self._statements.claim_async(connection, params))
 
     async def claim_message_async(self, conn: Any, message: Any, consumer: str) -> Claim:
         delivery = delivery_of(message)
@@ -171,23 +158,15 @@ class Inbox:
             conn, delivery.message_id, consumer, key=delivery.key, sequence=delivery.sequence
         )
 
-    def _not_applied(self) -> SchemaNotAppliedError:
-        return SchemaNotAppliedError(
-            f"store {self.store.name!r}: no inbox table in schema {self.store.db_schema!r} with "
-            f"prefix {self.store.table_prefix!r}; run `relayer schema apply {self.store.name}` "
-            "against the consumer's database"
-        )
 
-
-def _verdict(params: Mapping[str, Any], row: tuple[Any, ...] | None) -> Claim:
-    assert row is not None
-    claimed, previous = bool(row[0]), row[1]
+def _verdict(params: Mapping[str, Any], row: ClaimRow) -> Claim:
+    claimed, previous = row
     message_id, sequence = params["message_id"], params["sequence"]
     if not claimed:
         return Claim(Outcome.DUPLICATE, message_id, sequence)
     if sequence is None or (previous is None and sequence > 1):
         return Claim(Outcome.NEW, message_id, sequence)
-    previous = 0 if previous is None else int(previous)  # a key's first number is 1
+    previous = 0 if previous is None else previous  # a key's first number is 1
     if sequence == previous + 1:
         return Claim(Outcome.IN_ORDER, message_id, sequence, previous)
     outcome = Outcome.GAP if sequence > previous else Outcome.REORDERED
