@@ -16,19 +16,15 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-import psycopg
 
 from relayer.dispatch.policies import ALL_QUEUES, InvalidDispatchError, check_queue_name
 from relayer.errors import ConfigurationError, DispatchError, SchemaNotAppliedError
 from relayer.identifiers import StoreNames
 from relayer.lanes import fnv1a_32
-from relayer.operations.schema import read_meta, verify_meta
-from relayer.redact import redact
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
-from relayer.store.driver import connect
+from relayer.store.dispatch import QueueStatements
+from relayer.store.driver import Connection, connect, translated
+from relayer.store.schema import read_meta, verify_meta
 
 DISPATCH_SCHEMA_VERSION = 2  # the migration that created the queue tables (0002_dispatch)
 CLAIM_SCHEMA_VERSION = 5  # the migration that created the claim function (0005_claim_function)
@@ -84,7 +80,7 @@ def queue_lock_key(names: StoreNames, queue: str) -> int:
 
 
 async def require_dispatch_schema(
-    conn: psycopg.AsyncConnection[Any],
+    conn: Connection,
     store: StoreSettings,
     version: int = DISPATCH_SCHEMA_VERSION,
 ) -> None:
@@ -128,10 +124,10 @@ class QueueControl:
     caller's transaction otherwise (visible to workers once the caller commits).
     """
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], names: StoreNames) -> None:
+    def __init__(self, conn: Connection, names: StoreNames) -> None:
         self._conn = conn
         self._names = names
-        self._queries = queries_for(names)
+        self._statements = QueueStatements(names)
 
     async def pause(
         self, queue: str | None = None, *, reason: str | None = None, by: str | None = None
@@ -160,19 +156,15 @@ class QueueControl:
             "actor": by or default_actor(),
             "reason": reason,
         }
-        await self._conn.execute(self._queries["queue_set_limit"], params)
+        await self._statements.set_limit(self._conn, params)
 
     async def status(self, queues: Iterable[str] = ()) -> tuple[QueueStatus, ...]:
         """Every queue with a stored state, plus ``queues`` (defaults for those without)."""
-        cursor = await self._conn.execute(self._queries["queue_states"])
-        rows = {row[0]: row for row in await cursor.fetchall()}
+        rows = {row[0]: row for row in await self._statements.states(self._conn)}
         for queue in queues:
             rows.setdefault(_queue_name(queue), (queue, False, None, None, None, None))
         keys = {queue: queue_lock_key(self._names, queue) for queue in rows}
-        cursor = await self._conn.execute(
-            self._queries["queue_slots_in_use"], (list(keys.values()),)
-        )
-        in_use = {int(key): int(count) for key, count in await cursor.fetchall()}
+        in_use = await self._statements.slots_in_use(self._conn, list(keys.values()))
         ordered = sorted(rows, key=lambda queue: (queue != ALL_QUEUES, queue))
         return tuple(
             QueueStatus(
@@ -189,10 +181,8 @@ class QueueControl:
 
     async def events(self, queue: str | None = None, limit: int = 100) -> tuple[QueueEvent, ...]:
         """The latest audit rows, newest first (of one queue, or of all)."""
-        cursor = await self._conn.execute(
-            self._queries["queue_event_log"], {"queue": queue, "limit": limit}
-        )
-        return tuple(QueueEvent(*row) for row in await cursor.fetchall())
+        rows = await self._statements.events(self._conn, queue, limit)
+        return tuple(QueueEvent(*row) for row in rows)
 
     async def _set_pause(
         self, queue: str | None, paused: bool, reason: str | None, by: str | None
@@ -203,7 +193,7 @@ class QueueControl:
             "actor": by or default_actor(),
             "reason": reason,
         }
-        await self._conn.execute(self._queries["queue_set_pause"], params)
+        await self._statements.set_pause(self._conn, params)
 
 
 async def ensure_limit(store: StoreSettings, limit: int | None, *, by: str, reason: str) -> bool:
@@ -212,15 +202,10 @@ async def ensure_limit(store: StoreSettings, limit: int | None, *, by: str, reas
     the change and closed after it; StoreError or DispatchError on failure."""
     async with await connect(store, purpose=f"{store.name}:limit") as conn:
         control = QueueControl(conn, store.names)
-        try:
+        with translated(store, "setting its concurrency limit", DispatchError):
             states = await control.status([store.name])
             current = next(state.limit for state in states if state.queue == store.name)
             if current == check_limit(limit):
                 return False
             await control.set_limit(store.name, limit, reason=reason, by=by)
-        except psycopg.Error as exc:
-            raise DispatchError(
-                f"store {store.name!r}: setting its concurrency limit failed: "
-                f"{redact(str(exc)).strip()}"
-            ) from exc
     return True

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import psycopg
-
-from relayer.store.driver import hang_up
+from relayer.store.driver import Connection, hang_up
 
 if TYPE_CHECKING:
     from relayer.store.budget import ConnectionBudget
 
-Connector = Callable[[], Awaitable[psycopg.AsyncConnection[Any]]]
+Connector = Callable[[], Awaitable[Connection]]
 
 
 class Gate(Protocol):
@@ -52,7 +50,7 @@ class DispatcherConnection:
         self.pinned = pinned
         self.budget = budget
         self.lock = asyncio.Lock()
-        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.conn: Connection | None = None
         self.epoch = 0
         self.gates: list[Gate] = []
         self._reserved = False
@@ -81,13 +79,13 @@ class DispatcherConnection:
             self._reserved = False
             self.budget.unreserve()
 
-    def open(self) -> psycopg.AsyncConnection[Any] | None:
+    def open(self) -> Connection | None:
         """The connection if it is open (call under ``lock``)."""
         if self.conn is not None and not self.conn.closed:
             return self.conn
         return None
 
-    async def connect(self) -> psycopg.AsyncConnection[Any]:
+    async def connect(self) -> Connection:
         """A new connection, replacing a lost one (call under ``lock``)."""
         self.forget()
         self.epoch += 1  # a generation per connection: slots of an earlier one are void

@@ -33,12 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from typing import Any
-
-import psycopg
-from psycopg.pq import TransactionStatus
 
 from relayer.dispatch.cluster import (
     ClaimRequest,
@@ -57,9 +53,15 @@ from relayer.dispatch.dispatcher import Connector, DispatcherConnection
 from relayer.errors import DispatchError, RelayerError
 from relayer.observability.throttle import ThrottledLog, shape
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
-from relayer.store import wire
-from relayer.store.driver import connect, hang_up
+from relayer.store.dispatch import (
+    ClaimRow,
+    SlotStatementError,
+    SlotStatements,
+    backend_pid,
+    in_transaction,
+    usable,
+)
+from relayer.store.driver import Connection, connect, hang_up
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +85,6 @@ class PostgresClusterState:
     ) -> None:
         self.store = store
         self._names = store.names
-        self._queries = queries_for(store.names)
-        self._claim_statement = wire.Statement("queue_claim", self._queries["queue_claim"])
         if dispatcher is None:
             dispatcher = DispatcherConnection(
                 connector or (lambda: connect(store, purpose=f"dispatcher:{store.name}")),
@@ -93,6 +93,7 @@ class PostgresClusterState:
         self._shared = dispatcher
         # Behind a transaction pooler: hold slots only inside an open transaction (see above).
         self._pinned = dispatcher.pinned
+        self._statements = SlotStatements(store.names, pinned=self._pinned)
         self._checked = -1  # the connection generation this store's schema was checked on
         self._keys: dict[str, int] = {}
         self._held: set[tuple[int, int]] = set()
@@ -129,9 +130,9 @@ class PostgresClusterState:
         """The server process of the dispatcher connection (its locks show under this pid);
         None behind a transaction pooler, which reports a number of its own."""
         conn = self._shared.conn
-        if conn is None or conn.closed or self._pinned:
+        if conn is None or self._pinned:
             return None
-        return int(conn.info.backend_pid)
+        return backend_pid(conn)
 
     def holds_slots(self) -> bool:
         return bool(self._held or self._pending)
@@ -171,9 +172,9 @@ class PostgresClusterState:
                 self._held.clear()
                 if pairs:
                     try:
-                        await self._unlock(conn, pairs)
+                        await self._statements.unlock(conn, pairs)
                         await self._unpin_when_idle(conn)
-                    except psycopg.Error as exc:
+                    except SlotStatementError as exc:
                         await self._recover(conn, exc)
             self._held.clear()
             self._pending.clear()
@@ -187,11 +188,8 @@ class PostgresClusterState:
             if conn is not None:
                 # The server ends a closed connection's backend a moment later; unlocking first
                 # frees the slots before close() returns.
-                with contextlib.suppress(psycopg.Error):
-                    if self._pinned:
-                        await self._unpin(conn)
-                    else:
-                        await conn.execute(self._queries["queue_unlock_all"])
+                with contextlib.suppress(SlotStatementError):
+                    await self._statements.release_all(conn)
             await self._shared.close()
         self._shared.closed()
 
@@ -234,9 +232,9 @@ class PostgresClusterState:
             if conn is None:
                 return  # the locks died with the connection
             try:
-                await self._unlock(conn, pairs)
+                await self._statements.unlock(conn, pairs)
                 await self._unpin_when_idle(conn)
-            except psycopg.Error as exc:
+            except SlotStatementError as exc:
                 await self._recover(conn, exc)
 
     # -- internals -------------------------------------------------------------------------
@@ -250,19 +248,18 @@ class PostgresClusterState:
                 raise DispatchError(f"store {self.store.name!r}: {exc}") from exc
             releases, self._pending = self._pending, []
             held = sorted(self._held)
-            params = {
-                "queues": json.dumps(request.queues),
-                "keys": wire.text_list(keys),
-                "wanted": wire.text_list(index + 1 for index in request.order),
-                "budget": request.budget,
-                "held_keys": wire.text_list(pair[0] for pair in held),
-                "held_slots": wire.text_list(pair[1] for pair in held),
-                "release_keys": wire.text_list(pair[0] for pair in releases),
-                "release_slots": wire.text_list(pair[1] for pair in releases),
-            }
+            wanted = [index + 1 for index in request.order]
             try:
-                rows = await self._claim(conn, params)
-            except psycopg.Error as exc:
+                rows = await self._statements.claim(
+                    conn,
+                    request.queues,
+                    keys,
+                    wanted=wanted,
+                    budget=request.budget,
+                    held=held,
+                    releases=releases,
+                )
+            except SlotStatementError as exc:
                 await self._recover(conn, exc)
                 raise DispatchError(
                     f"store {self.store.name!r}: claiming queue slots failed: {exc}"
@@ -272,32 +269,7 @@ class PostgresClusterState:
                 self._keep(asyncio.ensure_future(self._end_idle_transaction(conn)))
             return result
 
-    async def _claim(self, conn: psycopg.AsyncConnection[Any], params: dict[str, Any]) -> list[Any]:
-        if not self._pinned:
-            # A pass per batch transaction: the short path to the wire (relayer.store.wire)
-            # costs the client about half of psycopg's execute (73-97 µs of CPU a round trip
-            # against 170-177, idle machine).
-            results = await wire.run(conn, [wire.Command(self._claim_statement, params)])
-            return results.rows(0)
-        cursor = await self._run(conn, self._queries["queue_claim"], params)
-        return await cursor.fetchall()
-
-    async def _run(
-        self, conn: psycopg.AsyncConnection[Any], query: Any, params: Any
-    ) -> psycopg.AsyncCursor[Any]:
-        """One statement that may take or release slot locks; pinned: inside the transaction
-        (begun if none is open) and under the savepoint, in one round trip."""
-        if not self._pinned:
-            return await conn.execute(query, params)
-        async with conn.pipeline():
-            if conn.info.transaction_status == TransactionStatus.IDLE:
-                await conn.execute("BEGIN")
-            await conn.execute("SAVEPOINT relayer_claim")
-            cursor = await conn.execute(query, params)
-            await conn.execute("RELEASE SAVEPOINT relayer_claim")
-        return cursor
-
-    async def _end_idle_transaction(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _end_idle_transaction(self, conn: Connection) -> None:
         """After a claim that left no slot held: hand the server connection back (off the
         claim's path; the next claim waits for it, or continues the transaction first)."""
         async with self._lock:
@@ -305,23 +277,14 @@ class PostgresClusterState:
                 return
             try:
                 await self._unpin_when_idle(conn)
-            except psycopg.Error as exc:
+            except SlotStatementError as exc:
                 await self._recover(conn, exc)
 
-    async def _unpin_when_idle(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _unpin_when_idle(self, conn: Connection) -> None:
         if self._pinned and self._shared.idle():
-            await self._unpin(conn)
+            await self._statements.unpin(conn)
 
-    async def _unpin(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Release every lock of the session and end its transaction: nothing of this client
-        stays on the server connection the pooler lends to the next one."""
-        if conn.info.transaction_status == TransactionStatus.IDLE:
-            return
-        async with conn.pipeline():
-            await conn.execute(self._queries["queue_unlock_all"])
-            await conn.execute("COMMIT")
-
-    def _result(self, request: ClaimRequest, keys: list[int], rows: list[Any]) -> ClaimResult:
+    def _result(self, request: ClaimRequest, keys: list[int], rows: list[ClaimRow]) -> ClaimResult:
         grants: list[Grant] = []
         gates = [QueueGate(GateState.OPEN)] * len(request.queues)
         for position, index, slot_number, state, limit in rows:
@@ -334,7 +297,7 @@ class PostgresClusterState:
                 gates[index] = QueueGate(GateState(state), limit)
         return ClaimResult(tuple(grants), tuple(gates))
 
-    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+    async def _connection(self) -> Connection:
         """The shared connection (call under the lock), this store's schema checked on it."""
         conn = self._shared.open()
         if conn is None:
@@ -344,10 +307,10 @@ class PostgresClusterState:
             self._checked = self._epoch
         return conn
 
-    async def _check_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    async def _check_schema(self, conn: Connection) -> None:
         """Refuse a store whose schema lacks the claim function. Inside a pinned transaction
         (other stores hold slots) under a savepoint, so a failed check leaves it usable."""
-        if conn.info.transaction_status == TransactionStatus.IDLE:
+        if not in_transaction(conn):
             try:
                 await require_dispatch_schema(conn, self.store, CLAIM_SCHEMA_VERSION)
             except BaseException:
@@ -355,40 +318,25 @@ class PostgresClusterState:
                     await self._shared.close()  # nobody else on it: as before, start afresh
                 raise
             return
-        await conn.execute("SAVEPOINT relayer_check")
-        try:
+        async with self._statements.savepoint(conn):
             await require_dispatch_schema(conn, self.store, CLAIM_SCHEMA_VERSION)
-        except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute("ROLLBACK TO SAVEPOINT relayer_check")
-            raise
-        await conn.execute("RELEASE SAVEPOINT relayer_check")
 
     def _forget_connection(self) -> None:
         self._shared.forget()
 
-    async def _recover(self, conn: psycopg.AsyncConnection[Any], exc: psycopg.Error) -> None:
+    async def _recover(self, conn: Connection, exc: SlotStatementError) -> None:
         """After a failed call: release stray locks, or drop the connection (which does; behind
         a transaction pooler, leaving mid-transaction makes it close the server connection)."""
-        if not conn.closed and not conn.broken:
+        if usable(conn):
             try:
-                if conn.info.transaction_status == TransactionStatus.INERROR:
-                    # Only pinned statements run in a transaction, each under the savepoint.
-                    await conn.execute("ROLLBACK TO SAVEPOINT relayer_claim")
-                cursor = await conn.execute(
-                    self._queries["queue_own_slot_locks"], (list(self._keys.values()),)
-                )
+                locks = await self._statements.own_slot_locks(conn, list(self._keys.values()))
                 held = self._held.union(*(gate._held for gate in self._others()))
-                stray = [
-                    (int(key), int(slot))
-                    for key, slot in await cursor.fetchall()
-                    if (int(key), int(slot)) not in held
-                ]
+                stray = [pair for pair in locks if pair not in held]
                 if stray:
-                    await self._unlock(conn, stray)
+                    await self._statements.unlock(conn, stray)
                 await self._unpin_when_idle(conn)
                 return
-            except psycopg.Error:
+            except SlotStatementError:
                 pass
         self._log.warning(
             ("dispatcher_reconnect", shape(str(exc))),
@@ -408,15 +356,6 @@ class PostgresClusterState:
             for gate in self._shared.gates
             if gate is not self and isinstance(gate, PostgresClusterState)
         ]
-
-    async def _unlock(
-        self, conn: psycopg.AsyncConnection[Any], pairs: list[tuple[int, int]]
-    ) -> None:
-        await self._run(
-            conn,
-            self._queries["queue_unlock_slots"],
-            ([pair[0] for pair in pairs], [pair[1] for pair in pairs]),
-        )
 
     def _keep(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
         self._tasks.add(task)

@@ -88,3 +88,31 @@ LIMIT %(limit)s
 
 -- name: queue_unlock_all
 SELECT pg_catalog.pg_advisory_unlock_all()
+
+-- name: queue_begin
+-- Behind a transaction pooler the dispatcher connection holds its slots inside an open
+-- transaction (relayer.dispatch.postgres): the statements that take or release slots run in
+-- it under a savepoint, so that a failed one leaves the transaction usable; so does a store's
+-- schema check while other stores' slots are held.
+BEGIN
+
+-- name: queue_commit
+COMMIT
+
+-- name: queue_claim_savepoint
+SAVEPOINT relayer_claim
+
+-- name: queue_claim_savepoint_release
+RELEASE SAVEPOINT relayer_claim
+
+-- name: queue_claim_savepoint_rollback
+ROLLBACK TO SAVEPOINT relayer_claim
+
+-- name: queue_check_savepoint
+SAVEPOINT relayer_check
+
+-- name: queue_check_savepoint_release
+RELEASE SAVEPOINT relayer_check
+
+-- name: queue_check_savepoint_rollback
+ROLLBACK TO SAVEPOINT relayer_check
