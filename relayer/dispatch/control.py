@@ -164,7 +164,7 @@ class QueueControl:
         for queue in queues:
             rows.setdefault(_queue_name(queue), (queue, False, None, None, None, None))
         keys = {queue: queue_lock_key(self._names, queue) for queue in rows}
-        in_use = await self._statements.slots_in_use(self._conn, list(keys.values()))
+        in_use = dict(await self._statements.slots_in_use(self._conn, list(keys.values())))
         ordered = sorted(rows, key=lambda queue: (queue != ALL_QUEUES, queue))
         return tuple(
             QueueStatus(

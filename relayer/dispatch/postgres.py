@@ -27,6 +27,9 @@ that dies mid-transaction makes the pooler close that server connection, which f
 A worker's stores of one database share one dispatcher connection
 (relayer.dispatch.dispatcher.DispatcherConnection): each store's state keeps its own slots, the
 connection, its lock and its transaction are shared.
+
+The statements are the gateway's (relayer.store.dispatch); this module keeps the slots'
+bookkeeping and decides what a failed statement means.
 """
 
 from __future__ import annotations

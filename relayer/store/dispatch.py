@@ -197,10 +197,11 @@ class QueueStatements:
         cursor = await conn.execute(self.queries["queue_states"])
         return await cursor.fetchall()
 
-    async def slots_in_use(self, conn: Connection, keys: list[int]) -> dict[int, int]:
-        """Lock key -> slot locks held in the database now (keys without any are left out)."""
+    async def slots_in_use(self, conn: Connection, keys: list[int]) -> list[tuple[int, int]]:
+        """(lock key, slot locks held in the database now) of ``keys`` (those without any are
+        left out)."""
         cursor = await conn.execute(self.queries["queue_slots_in_use"], (keys,))
-        return {int(key): int(count) for key, count in await cursor.fetchall()}
+        return [(int(key), int(count)) for key, count in await cursor.fetchall()]
 
     async def events(self, conn: Connection, queue: str | None, limit: int) -> list[EventRow]:
         """The latest audit rows, newest first (of one queue, or of all)."""
