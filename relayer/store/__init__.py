@@ -1,14 +1,23 @@
-"""The store gateway: every statement the relay, membership, unordered sending and maintenance
-run, those of ``relayer status``, ``relayer parked``, the backlog gauges and the dashboard, and
-the connections they run on.
+"""The store gateway: the part of relayer that runs statements, and the connections they run
+on (the relay's, membership's, unordered sending's and maintenance's; those of ``relayer
+status``, ``parked``, ``schema`` and ``queue``; the backlog gauges', the dashboard's, the
+dispatch layer's and the inbox's). Outside this package nothing opens a connection, runs a
+statement or catches a driver error: tests/unit/test_architecture.py checks every other
+module (and lists those still being moved onto the gateway).
 
-Callers get frozen value objects and relayer errors only: psycopg, socket and pool errors are
-translated once, here, into StoreError (with redacted messages and the driver's error chained).
-The operator's reads and changes (status, parked, backlog, dashboard, inspection) keep the
-driver's own words in the StoreError (driver.translated_verbatim): a store's line of ``status
---all`` and a dashboard page show them as the server said them.
+Errors. Callers get relayer errors: psycopg, socket and pool errors are translated once, here,
+into StoreError (or the relayer error the calling API promises), with redacted messages and
+the driver's error chained. The operator's reads and changes (status, parked, backlog,
+dashboard, inspection) keep the driver's own words in the StoreError
+(driver.translated_verbatim): a store's line of ``status --all`` and a dashboard page show
+them as the server said them. Statements on a connection the caller holds and passes in (the
+schema's reads and checks, the queue controls, the table health, the inbox's claim in the
+consumer's transaction) leave a driver error as the caller's own statements on it would,
+except where the gateway says what went wrong itself (a missing schema or table:
+SchemaNotAppliedError; a failed ``schema apply``: StoreError). Callers get frozen value
+objects (or typed rows), never a cursor.
 
-- ``driver``: the connection type and the translation of driver errors;
+- ``driver``: opening connections, the connection type and the translation of driver errors;
 - ``connections``: the pool of transaction connections, autocommit sessions, LISTEN;
 - ``budget``: a worker's connection budget and the batch pool each database shares;
 - ``listener``: one LISTEN connection for the stores of a database;
@@ -18,7 +27,12 @@ driver's own words in the StoreError (driver.translated_verbatim): a store's lin
 - ``wire``: a lane batch's (and a queue claim's) statements run on a connection: through
   ``libpq_pipeline`` with the psycopg releases it was tested with, else psycopg's cursors;
 - ``unordered``: claiming and settling unordered rows;
-- ``maintenance``: retention and the health check;
+- ``maintenance``: retention and the table health;
+- ``schema``: a store's recorded metadata, the operator's check of it, ``schema apply``;
+- ``drift``: the drift check, and the worker's check of a store before serving it;
+- ``dispatch``: queue slots on a dispatcher connection, and the queue controls' statements;
+- ``inbox``: a consumer's claim of a message id;
+- ``catalog``: reading a template's catalog of stores (relayer.fleet);
 - ``status``: ``relayer status`` (members, leases, pending rows) and a line of ``status --all``;
 - ``parked``: the parked keys, and the guarded redrive or drop of one with its audit row;
 - ``backlog``: the backlog gauges' totals and oldest lanes (the metrics);
