@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from relayer.lanes import UNORDERED_LANE
-from relayer.operations.schema import require_schema
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import Connection, translated_verbatim
+from relayer.store.schema import require_schema
 
 
 @dataclass(frozen=True, slots=True)
