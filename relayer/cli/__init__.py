@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
-    context = Context(arguments)
+    context = Context(arguments, parser)
     try:
         resolve_environment(arguments, os.environ)
         if getattr(arguments, "without_settings", False):  # `completion`: works unconfigured

@@ -22,8 +22,14 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a Unix tool killed by a closed pip
 
 
 class Context:
-    def __init__(self, arguments: argparse.Namespace) -> None:
+    """What a subcommand gets: its parsed ``arguments``, the ``parser`` that parsed them (the
+    whole command line's: ``completion`` describes it) and the settings, loaded on first use."""
+
+    def __init__(
+        self, arguments: argparse.Namespace, parser: argparse.ArgumentParser | None = None
+    ) -> None:
         self.arguments = arguments
+        self.parser = parser
 
     @cached_property
     def settings(self) -> RelayerSettings:

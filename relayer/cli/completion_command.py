@@ -45,9 +45,8 @@ async def _completion(context: Context) -> int:
         raise UsageError(
             "completion: which shell? `relayer completion bash`, `zsh` or `fish` prints its script"
         )
-    from relayer.cli import build_parser
-
-    tree = walk(build_parser())
+    assert context.parser is not None  # main() hands every subcommand its parser
+    tree = walk(context.parser)
     print({"bash": bash, "zsh": zsh, "fish": fish}[arguments.shell](tree), end="")
     return EXIT_OK
 

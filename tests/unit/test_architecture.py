@@ -273,17 +273,6 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 # The cycles of main when this test was written (issue 31), the lead's to break: the CLI's
 # package imports its completion command, which builds the CLI's parser (a function-level
 # import of relayer.cli).
-KNOWN_CYCLES = [
-    ["relayer.cli", "relayer.cli.completion_command"],
-]
-
-
-def test_no_import_cycle_but_the_known_ones() -> None:
-    found = cycles(import_graph(PACKAGE))
-    assert [cycle for cycle in found if cycle not in KNOWN_CYCLES] == []
-
-
-@pytest.mark.xfail(strict=True, reason=f"the known cycles are still there: {KNOWN_CYCLES}")
 def test_no_import_cycle() -> None:
     assert cycles(import_graph(PACKAGE)) == []
 
