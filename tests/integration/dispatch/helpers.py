@@ -48,7 +48,10 @@ async def slots_in_use(store: StoreSettings, queue: str, pid: int | None = None)
     async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
         cursor = await conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 "
-            "AND granted AND classid::bigint = %s AND (%s::int IS NULL OR pid = %s::int)",
+            "AND granted AND classid::bigint = %s AND (%s::int IS NULL OR pid = %s::int) "
+            # Another test's store in another database may share the schema, prefix and queue
+            # name, and so the lock key: only this database's locks are this store's.
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             (queue_lock_key(store.names, queue), pid, pid),
         )
         row = await cursor.fetchone()

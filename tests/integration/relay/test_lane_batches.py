@@ -87,17 +87,19 @@ async def test_batch_sends_head_first_per_key_and_deletes(
 
 
 class SlowFirstPublish(MemoryTransport):
-    """A memory transport whose first publish blocks for ``delay`` seconds (backpressure)."""
+    """A memory transport whose first publish takes ``delay`` seconds of the relay's clock
+    (backpressure), told by advancing ``clock`` rather than by sleeping."""
 
-    def __init__(self, name: str, delay: float) -> None:
+    def __init__(self, name: str, clock: list[float], delay: float) -> None:
         super().__init__(name)
+        self.clock = clock
         self.delay = delay
         self.calls = 0
 
     async def publish(self, message: Any) -> Any:
         self.calls += 1
         if self.calls == 1:
-            await asyncio.sleep(self.delay)
+            self.clock[0] += self.delay
         return await super().publish(message)
 
 
@@ -108,15 +110,16 @@ async def test_a_lane_left_out_of_the_admission_window_is_due_again_at_once(
     so the second lane's rows are never published. That lane did nothing wrong: it is due
     again at once (no backoff, nothing parked), and the next batch sends its rows."""
     store = make_store(
-        pg_dsn, lanes=4, batch_size=50, lease_duration="1s", poll_interval="0.2s",
+        pg_dsn, lanes=4, batch_size=50, lease_duration="30s",
         transports={"memory": {"type": "memory"}}, default_transport="memory",
     )  # fmt: skip
     await apply_schema(store)
     write(store, keys_in_lane(store, 1, 2))
     write(store, keys_in_lane(store, 2, 2))
-    transport = SlowFirstPublish("memory", delay=0.3)  # admission is lease/4 = 0.25 s
+    clock = [0.0]
+    transport = SlowFirstPublish("memory", clock, delay=8.0)  # admission is lease/4 = 7.5 s
     await transport.start()
-    relay = LaneRelay(store, Routing(store, {"memory": transport}), MEMBER)
+    relay = LaneRelay(store, Routing(store, {"memory": transport}), MEMBER, clock=lambda: clock[0])
     first, second = await send_group(relay, [1, 2])
     by_sent = sorted([first, second], key=lambda result: result.sent)
     left_out, served = by_sent
