@@ -19,7 +19,7 @@ from relayer.dispatch.control import (
     require_dispatch_schema,
 )
 from relayer.dispatch.policies import ALL_QUEUES
-from relayer.operations.queues import parse_limit
+from relayer.operations.queues import change_queue, parse_limit
 from relayer.settings import StoreSettings
 from relayer.store.driver import connect
 
@@ -73,13 +73,9 @@ async def _change(context: Context, *, pause: bool) -> int:
     queue = None if arguments.all else (arguments.queue or store.name)
     actor = arguments.by or default_actor()
     async with await connect(store, purpose="queue") as conn:
-        await require_dispatch_schema(conn, store)
-        control = QueueControl(conn, store.names)
-        if pause:
-            await control.pause(queue, reason=arguments.reason, by=actor)
-        else:
-            await control.resume(queue, reason=arguments.reason, by=actor)
-        states = await control.status([] if queue is None else [queue])
+        action = "pause" if pause else "resume"
+        await change_queue(conn, store, action, queue=queue, by=actor, reason=arguments.reason)
+        states = await QueueControl(conn, store.names).status([] if queue is None else [queue])
     what = "all queues" if queue is None else f"queue {queue!r}"
     because = f" (reason: {arguments.reason})" if arguments.reason else ""
     print(f"store {store.name!r}: {what} {'paused' if pause else 'resumed'} by {actor}{because}")
@@ -100,9 +96,8 @@ async def _limit(context: Context) -> int:
     queue = arguments.queue or store.name
     actor = arguments.by or default_actor()
     async with await connect(store, purpose="queue") as conn:
-        await require_dispatch_schema(conn, store)
-        await QueueControl(conn, store.names).set_limit(
-            queue, limit, reason=arguments.reason, by=actor
+        await change_queue(
+            conn, store, "limit", queue=queue, by=actor, reason=arguments.reason, limit=limit
         )
     cap = "no limit" if limit is None else f"at most {limit} running at once"
     print(f"store {store.name!r}: queue {queue!r}: {cap} (set by {actor})")
