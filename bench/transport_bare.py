@@ -99,7 +99,7 @@ def kafka_producer(bootstrap: str, topic: str) -> Any:
     """A confluent-kafka producer with KafkaTransport's settings, past its first delivery."""
     from confluent_kafka import Producer
 
-    from relayer.transports.kafka_rules import check_config
+    from relayer.transports.kafka.rules import check_config
 
     producer = Producer(check_config({"bootstrap.servers": bootstrap}, None))
     producer.produce(topic, b"warm-up", b"warm-up")

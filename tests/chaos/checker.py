@@ -56,7 +56,7 @@ class Report:
     # (harness.Run.finish): only what the second read lacks too is lost.
     first_read_missed: int = 0
     # Kafka reports of success without an offset the workers recorded: not trusted, the rows
-    # went again (relayer.transports.kafka_placement).
+    # went again (relayer.transports.kafka.placement).
     unplaced: int = 0
     inversions: int = 0
     documented: int = 0

@@ -218,7 +218,7 @@ def _number(text: str) -> int | None:
 def unplaced_reports(folder: Path) -> int:
     """Reports of success without an offset (librdkafka's DUPLICATE_SEQUENCE_NUMBER answer):
     the relay does not trust them and sends their rows again
-    (relayer.transports.kafka_placement)."""
+    (relayer.transports.kafka.placement)."""
     return sum(
         outcome == "ok" and offset is None for _, _, _, offset, outcome in recorded_reports(folder)
     )

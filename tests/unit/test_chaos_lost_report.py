@@ -50,8 +50,8 @@ def test_the_recorder_is_put_ahead_of_the_workers_path(tmp_path: Path) -> None:
 
 def test_a_worker_started_with_the_recorder_writes_each_report(tmp_path: Path) -> None:
     code = (
-        "from relayer.transports import kafka\n"
-        "from relayer.transports.kafka_placement import Placements\n"
+        "from relayer.transports.kafka import transport as kafka\n"
+        "from relayer.transports.kafka.placement import Placements\n"
         "class Report:\n"
         "    def topic(self): return 'orders'\n"
         "    def partition(self): return 5\n"

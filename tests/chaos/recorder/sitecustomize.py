@@ -18,7 +18,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-_MODULE = "relayer.transports.kafka"
+_MODULE = "relayer.transports.kafka.transport"
 
 
 class _Patcher(importlib.abc.MetaPathFinder):

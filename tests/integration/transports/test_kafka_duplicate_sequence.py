@@ -2,7 +2,7 @@
 retries the request with the same sequence numbers, the broker answers
 DUPLICATE_SEQUENCE_NUMBER, and librdkafka reports the messages delivered without an offset
 (None, then 0, 1... counting up from the answer's -1). The Kafka transport takes none of those
-reports as an acknowledgement (relayer.transports.kafka_placement): the relay sends the rows
+reports as an acknowledgement (relayer.transports.kafka.placement): the relay sends the rows
 again rather than delete them on the broker's word alone."""
 
 from __future__ import annotations

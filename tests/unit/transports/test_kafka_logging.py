@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from relayer.transports.kafka import KafkaTransport
-from relayer.transports.kafka_log import LibrdkafkaLog
+from relayer.transports.kafka.log import LibrdkafkaLog
 from tests.unit.transports.test_kafka_producer import FakeProducer, message, until
 
 GAPLESS = (

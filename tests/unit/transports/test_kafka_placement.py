@@ -1,5 +1,5 @@
 """A successful delivery report counts only where it places its message
-(relayer.transports.kafka_placement): the DUPLICATE_SEQUENCE_NUMBER answer that librdkafka
+(relayer.transports.kafka.placement): the DUPLICATE_SEQUENCE_NUMBER answer that librdkafka
 turns into success at offsets -1, 0, 1..."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from confluent_kafka import Message
 
 from relayer.transports.base import OutboundBatch, TransportUnavailableError
 from relayer.transports.kafka import KafkaTransport
-from relayer.transports.kafka_placement import Placements
+from relayer.transports.kafka.placement import Placements
 from tests.unit.transports.test_kafka_producer import (
     FakeProducer,
     message,

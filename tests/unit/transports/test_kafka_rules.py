@@ -10,7 +10,7 @@ import pytest
 
 from relayer.errors import ConfigurationError, TransportError
 from relayer.transports.base import OutgoingMessage
-from relayer.transports.kafka_rules import (
+from relayer.transports.kafka.rules import (
     DEFAULT_MESSAGE_TIMEOUT_MS,
     check_config,
     delivery_error,

@@ -1,6 +1,6 @@
 """The Kafka transport's rules: which librdkafka settings are safe, and what errors mean.
 
-Kept apart from ``kafka.py`` so the rules read on their own and are tested without a broker.
+Kept apart from the transport so the rules read on their own and are tested without a broker.
 This module does not import confluent_kafka: librdkafka errors are matched by name
 (``KafkaError.name()``), settings are plain dictionaries.
 """

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from relayer.transports.kafka_placement import Placements
+from relayer.transports.kafka.placement import Placements
 
 logger = logging.getLogger("relayer.transports.kafka")
 
@@ -48,7 +48,7 @@ class Generation:
         self.number = number
         self.producer = producer
         self.fatal: str | None = None
-        # Its answers of success without a place (relayer.transports.kafka_placement; read and
+        # Its answers of success without a place (relayer.transports.kafka.placement; read and
         # written by the poll thread).
         self.placements = Placements()
         # Ids of publish_batch messages handed to this producer and not reported yet (read and

@@ -1,26 +1,5 @@
-"""Kafka through confluent-kafka (librdkafka): an idempotent, gapless, pipelined producer.
-
-Options are librdkafka settings, passed through unchanged (``bootstrap.servers``, SASL, SSL,
-``linger.ms``...); underscores may stand for dots (``bootstrap_servers``) so that environment
-variables can carry them. A few are fixed because per-key order depends on them:
-``acks=all``, ``enable.idempotence=true``, ``enable.gapless.guarantee=true`` (a failed message
-fails every later message of its partition), ``max.in.flight.requests.per.connection`` <= 5,
-and ``message.timeout.ms`` above the relay's batch deadline (the gapless guarantee does not
-cover that timeout). ``allow.auto.create.topics`` defaults to false: a missing topic is an
-error that says so, not a topic silently created with the broker's defaults.
-Relayer's own options: ``close_timeout`` and ``metadata_timeout`` (seconds).
-
-librdkafka's errors and log lines are logged under the transport's path
-(``stores.<store>.transports.<name>``), at most once per cause per interval
-(relayer.observability.throttle);
-the warning that ``enable.gapless.guarantee`` is experimental is dropped (relayer sets it on
-purpose) and connection failures are logged once, from the error callback.
-
-The ordering key becomes the Kafka key; the outbox id and the key are also sent as the headers
-``relayer-message-id`` and ``relayer-ordering-key``, so consumers read them the same way from
-every transport. One background thread polls the producer; delivery reports are collected per
-poll and handed to the event loop in one ``call_soon_threadsafe`` per batch.
-"""
+"""KafkaTransport: the transport the relay and unordered sending publish through (the
+package's docstring says what it guarantees)."""
 
 from __future__ import annotations
 
@@ -49,20 +28,21 @@ from relayer.transports.base import (
     TransportUnavailableError,
     fail_quietly,
 )
-from relayer.transports.kafka_log import LibrdkafkaLog, error_hint
-from relayer.transports.kafka_placement import Placements
-from relayer.transports.kafka_rules import (
+from relayer.transports.kafka.log import LibrdkafkaLog, error_hint
+from relayer.transports.kafka.placement import Placements
+from relayer.transports.kafka.rules import (
     check_config,
     delivery_error,
     produce_error,
     refused_settings,
     topic_error,
 )
-from relayer.transports.kafka_stall import Generation, drop_everything, in_thread, stuck
+from relayer.transports.kafka.stall import Generation, drop_everything, in_thread, stuck
 from relayer.transports.options import Options
 from relayer.transports.stalls import StallNotice
 
-logger = logging.getLogger(__name__)
+# The package's name: every part of the transport logs as one (users filter on it).
+logger = logging.getLogger("relayer.transports.kafka")
 
 _OWN_OPTIONS = ("close_timeout", "metadata_timeout")
 _POLL_SECONDS = 0.05
@@ -493,7 +473,7 @@ class KafkaTransport:
             self._space.set()
 
     def _warn_unplaced(self, reports: list[Any]) -> None:
-        """Reports of success that placed nothing (relayer.transports.kafka_placement)."""
+        """Reports of success that placed nothing (relayer.transports.kafka.placement)."""
         self._log.warning(
             "unplaced",
             "%s: Kafka reported %s message(s) delivered without placing them (the first %s: "
@@ -657,7 +637,7 @@ class KafkaTransport:
             generation.probe = None
 
     def _watch_for_stall(self, generation: Generation) -> None:
-        """Rebuild ``generation`` if it is stuck (see relayer.transports.kafka_stall); a
+        """Rebuild ``generation`` if it is stuck (see relayer.transports.kafka.stall); a
         silent cluster is waited for, its messages kept."""
         if generation.fatal is not None:
             return
@@ -698,7 +678,7 @@ _RESERVED = frozenset({MESSAGE_ID_HEADER, ORDERING_KEY_HEADER})
 _NOT_SENT = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT, KafkaError._FATAL})
 
 
-# A successful report that does not place its message (relayer.transports.kafka_placement):
+# A successful report that does not place its message (relayer.transports.kafka.placement):
 # what the poll thread records instead of no error, for the loop to resend the row.
 UNPLACED: Any = object()
 
