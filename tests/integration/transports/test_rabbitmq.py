@@ -20,9 +20,8 @@ import pytest
 
 from relayer.errors import TransportError
 from relayer.testing.pipeline import relay_messages
-from relayer.transports import rabbitmq_frames as frames
 from relayer.transports.base import OutgoingMessage, SendError, TransportUnavailableError
-from relayer.transports.rabbitmq import RabbitMQTransport
+from relayer.transports.rabbitmq import RabbitMQTransport, frames
 from tests.contract.brokers import consume_rabbitmq, unique
 from tests.services import unavailable
 

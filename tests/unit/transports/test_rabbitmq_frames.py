@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayer.transports import rabbitmq_frames as frames
+from relayer.transports.rabbitmq import frames
 
 texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
 

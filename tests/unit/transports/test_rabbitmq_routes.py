@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayer.transports.rabbitmq_routes import Route, RouteError, parse_route
+from relayer.transports.rabbitmq.routes import Route, RouteError, parse_route
 
 
 @pytest.mark.parametrize(
