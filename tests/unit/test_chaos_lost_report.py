@@ -50,14 +50,14 @@ def test_the_recorder_is_put_ahead_of_the_workers_path(tmp_path: Path) -> None:
 
 def test_a_worker_started_with_the_recorder_writes_each_report(tmp_path: Path) -> None:
     code = (
-        "from relayer.transports.kafka import transport as kafka\n"
+        "from relayer.transports.kafka import deliveries\n"
         "from relayer.transports.kafka.placement import Placements\n"
         "class Report:\n"
         "    def topic(self): return 'orders'\n"
         "    def partition(self): return 5\n"
         "    def offset(self): return 42\n"
         "settles = []\n"
-        "kafka._record_report(settles, Placements(), (None, 3, 'id-1'), None, Report())\n"
+        "deliveries.record_report(settles, Placements(), (None, 3, 'id-1'), None, Report())\n"
         "assert len(settles) == 1\n"
     )
     env = {**os.environ, **recorder_env(tmp_path)}

@@ -51,8 +51,8 @@ class Generation:
         # Its answers of success without a place (relayer.transports.kafka.placement; read and
         # written by the poll thread).
         self.placements = Placements()
-        # Ids of publish_batch messages handed to this producer and not reported yet (read and
-        # written on the event loop's thread only): a second copy is refused while one waits.
+        # Ids of messages handed to this producer and not reported yet (read and written on
+        # the event loop's thread only): a second copy is refused while one waits.
         self.waiting: set[str] = set()
         # Written by the poll thread: when this producer last reported a delivery (or was
         # created, or had nothing waiting), and the probe of the current stall.

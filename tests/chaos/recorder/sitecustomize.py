@@ -18,12 +18,13 @@ import sys
 from types import ModuleType
 from typing import Any
 
-_MODULE = "relayer.transports.kafka.transport"
+_MODULE = "relayer.transports.kafka.deliveries"
 
 
 class _Patcher(importlib.abc.MetaPathFinder):
-    """Patches the Kafka transport once it is imported: importing it here, at start-up,
-    would load relayer before ``python -m`` put the working folder on sys.path."""
+    """Patches the Kafka transport's deliveries module once it is imported: importing it
+    here, at start-up, would load relayer before ``python -m`` put the working folder on
+    sys.path."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
@@ -47,7 +48,7 @@ class _Patcher(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _install(kafka: Any, folder: str) -> None:
+def _install(deliveries: Any, folder: str) -> None:
     descriptor = os.open(
         os.path.join(folder, f"deliveries-{os.getpid()}.txt"),
         os.O_WRONLY | os.O_CREAT | os.O_APPEND,
@@ -59,13 +60,13 @@ def _install(kafka: Any, folder: str) -> None:
         line = f"{message_id} {report.partition()} {report.offset()} {outcome}\n"
         os.write(descriptor, line.encode())
 
-    record = kafka._record_report
+    record = deliveries.record_report
 
     def record_report(reports: Any, placements: Any, target: Any, error: Any, report: Any) -> None:
         write(target[-1], error, report)  # a target's last item is its message id
         record(reports, placements, target, error, report)
 
-    kafka._record_report = record_report
+    deliveries.record_report = record_report
 
 
 if _folder := os.environ.get("RELAYER_TEST_DELIVERIES_DIR"):
