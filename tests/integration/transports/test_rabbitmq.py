@@ -174,7 +174,7 @@ async def test_publishes_of_one_turn_arrive_whole_in_order_with_large_and_empty_
     transport = RabbitMQTransport("batched", rabbitmq_url)
     try:
         await transport.start()
-        frame_max = (await transport._ensure_channel(force=False)).max_content_size
+        frame_max = (await transport._link.ensure_channel(force=False)).max_content_size
         bodies = [b"", b"small", bytes(range(256)) * (frame_max // 256 * 2 + 3), b"x" * frame_max]
         bodies.append(b"z" * (3 << 19))  # 1.5 MiB: the turn's publishes take several writes
         bodies += [f"row-{index}".encode() for index in range(500)]
@@ -337,7 +337,7 @@ async def test_close_during_a_reconnect_sends_nothing_and_leaves_no_connection(
         await transport.close()
         [outcome] = await asyncio.gather(publishing, return_exceptions=True)
         assert isinstance(outcome, TransportError) and "closed" in str(outcome)
-        assert transport._connection is None
+        assert transport._link.connection is None
         await asyncio.sleep(0.3)
         assert (await queue.declare()).message_count == 0
     finally:
@@ -360,7 +360,7 @@ async def test_an_untested_aiormq_publishes_through_basic_publish(
     try:
         with caplog.at_level(logging.WARNING, logger="relayer.transports.rabbitmq"):
             await transport.start()
-        assert transport._encoder is None
+        assert transport._link.encoder is None
         slow = [record for record in caplog.records if "basic_publish" in record.getMessage()]
         assert len(slow) == 1 and "7.9.0" in slow[0].getMessage()
         destination = "/" + queue.name
@@ -405,7 +405,7 @@ async def test_nothing_is_written_on_a_channel_the_broker_closed(
     transport = RabbitMQTransport("closing-channel", rabbitmq_url)
     try:
         await transport.start()
-        underlay = transport._underlay
+        underlay = transport._link.underlay
         connection = underlay.connection
         forgotten = connection.channels.pop(underlay.number)  # as on the broker's Channel.Close
         tag = underlay.delivery_tag
@@ -432,21 +432,21 @@ async def test_frames_wait_in_order_when_the_connection_writer_queue_is_full() -
 
     transport = RabbitMQTransport("queued", "amqp://guest:guest@127.0.0.1:5672/")
     underlay = Underlay()
-    transport._frames.extend(["a", "b", "c"])  # type: ignore[list-item]
-    transport._write_frames(underlay)
-    transport._frames.append("d")  # type: ignore[arg-type]
-    transport._write_frames(underlay)  # the pump owns writing: "d" must not jump ahead
+    transport._writer.frames.extend(["a", "b", "c"])  # type: ignore[list-item]
+    transport._writer.write_frames(underlay)
+    transport._writer.frames.append("d")  # type: ignore[arg-type]
+    transport._writer.write_frames(underlay)  # the pump owns writing: "d" must not jump ahead
     seen = [await asyncio.wait_for(underlay.write_queue.get(), 5) for _ in range(4)]
     assert seen == ["a", "b", "c", "d"]
     await asyncio.sleep(0)
-    assert transport._pump is None and not transport._frames
+    assert transport._writer.pump is None and not transport._writer.frames
     # Frames still waiting when the connection goes are dropped with it (their confirmations
     # fail as the channel closes): none may reach the next connection's queue.
-    transport._frames.extend(["e", "f", "g"])  # type: ignore[list-item]
-    transport._write_frames(underlay)
-    assert transport._pump is not None
-    await transport._disconnect()
-    assert transport._pump is None and not transport._frames
+    transport._writer.frames.extend(["e", "f", "g"])  # type: ignore[list-item]
+    transport._writer.write_frames(underlay)
+    assert transport._writer.pump is not None
+    await transport._link.disconnect()
+    assert transport._writer.pump is None and not transport._writer.frames
 
 
 async def test_an_unreachable_broker_is_a_clear_unavailable_error(rabbitmq_url: str) -> None:
