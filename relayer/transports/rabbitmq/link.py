@@ -1,10 +1,8 @@
 """The RabbitMQ transport's connection and its one publishing channel.
 
-Connections are plain, not robust: when one is lost, aiormq fails every outstanding confirm
-(the relay keeps those rows and retries) and the next publish reconnects, at most once per
-``reconnect_interval`` (a publish in between fails at once with the last reason). A robust
-connection would restore channels in the background but not replay publishes, and its
-half-restored states are harder to reason about than "failed, retried, reconnected".
+Connections are plain, not robust (the package's docstring says why): when one is lost, the
+next publish reconnects, at most once per ``reconnect_interval`` (a publish in between fails at
+once with the last reason).
 
 A new channel is written through the fast path of relayer.transports.rabbitmq.frames when
 this aiormq is one that path was tested with, else through aiormq's public ``basic_publish``.
