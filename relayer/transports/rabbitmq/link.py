@@ -67,6 +67,13 @@ class Link:
         self._lock = asyncio.Lock()
         self._last_failure: tuple[float, str] | None = None
 
+    @property
+    def open_underlay(self) -> Any:
+        """The publishing channel if it is open, else None (then ``ensure_channel``)."""
+        if self.underlay is not None and not self._channel.is_closed:
+            return self.underlay
+        return None
+
     async def ensure_channel(self, *, force: bool) -> Any:
         """The publishing channel, reconnecting when it or its connection was lost."""
         if self.underlay is not None and not self._channel.is_closed:

@@ -25,13 +25,7 @@ from relayer.transports.base import (
 from relayer.transports.options import Options, TransportOptionError
 from relayer.transports.rabbitmq.link import Link
 from relayer.transports.rabbitmq.routes import Route, RouteError, parse_route
-from relayer.transports.rabbitmq.writer import (
-    ChannelWriter,
-    Outcome,
-    Queued,
-    amqp_headers,
-    encode,
-)
+from relayer.transports.rabbitmq.writer import ChannelWriter, Outcome
 from relayer.transports.stalls import StallNotice
 
 # The package's name: every part of the transport logs as one (users filter on it).
@@ -209,7 +203,9 @@ class RabbitMQTransport:
             if isinstance(route, str):
                 return SendError(route, retryable=False)
             routing_key = route.routing_key_for(key)
-            underlay = await link.ensure_channel(force=False)
+            underlay = link.open_underlay  # the usual case, without a coroutine a message
+            if underlay is None:
+                underlay = await link.ensure_channel(force=False)
             if route.exchange and route.exchange not in link.exchanges:
                 problem = await link.check_exists(route)
                 if problem is not None:
@@ -217,25 +213,16 @@ class RabbitMQTransport:
                 underlay = await link.ensure_channel(force=False)
         except RouteError as exc:
             return SendError(str(exc), retryable=False)
-        if self._writer.must_wait():  # backpressure
-            await self._writer.wait_for_room()
-        try:
-            headers = amqp_headers(extra_headers, message_id, key)
-            payload, properties = encode(
-                link,
-                underlay,
-                route,
-                routing_key,
-                body=body,
-                message_id=message_id,
-                headers=headers,
-            )
-        except SendError as exc:  # a value AMQP cannot carry
-            return exc
-        self._writer.add(
-            Queued(underlay, payload, message_id, route, routing_key, settle, body, properties)
+        return await self._writer.publish(
+            underlay,
+            route,
+            routing_key,
+            key=key,
+            message_id=message_id,
+            body=body,
+            extra_headers=extra_headers,
+            settle=settle,
         )
-        return None
 
     async def close(self) -> None:
         """Wait for outstanding confirms (up to ``close_timeout``), then disconnect."""

@@ -22,7 +22,7 @@ import aiormq
 from aiormq import spec
 from aiormq.abc import ChannelFrame
 
-from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER
+from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SendError
 from relayer.transports.rabbitmq import frames
 from relayer.transports.rabbitmq.link import Link
 from relayer.transports.rabbitmq.outcomes import (
@@ -58,49 +58,21 @@ class Queued:
     properties: spec.Basic.Properties | None
 
 
-def amqp_headers(
-    extra: Mapping[str, str] | None, message_id: str, key: str | None
-) -> dict[str, str]:
-    """The application's headers and relayer's; SendError for a name AMQP would cut short."""
-    headers: dict[str, str] = dict(extra) if extra else {}
-    for name in headers:
-        if len(name.encode()) > MAX_HEADER_NAME_BYTES:
-            raise long_header_name(name)
-    headers[MESSAGE_ID_HEADER] = message_id
-    if key is not None:
-        headers[ORDERING_KEY_HEADER] = key
-    return headers
-
-
-def encode(
-    link: Link,
-    underlay: Any,
-    route: Route,
-    routing_key: str,
-    *,
-    body: bytes,
-    message_id: str,
-    headers: Mapping[str, str],
-) -> tuple[bytes, spec.Basic.Properties | None]:
-    """A publish on ``underlay``: its frames (the fast path), or the properties the public
-    path hands to basic_publish. SendError for a value AMQP cannot carry."""
-    encoder = link.encoder if underlay is link.underlay else None
-    try:
-        if encoder is not None:
-            return encoder.publish(route.exchange, routing_key, body, message_id, headers), None
-        # The public path: basic_publish encodes it; refuse here what cannot be.
-        properties = frames.reference_properties(message_id, headers)
-        frames.reference_encoding(
-            underlay.number,
-            underlay.max_content_size,
-            exchange=route.exchange,
-            routing_key=routing_key,
-            body=b"",
-            properties=properties,
-        )
-    except Exception as exc:  # a value AMQP cannot carry
-        raise not_encodable(exc) from exc
-    return b"", properties
+def _public_properties(
+    underlay: Any, route: Route, routing_key: str, message_id: str, headers: Mapping[str, str]
+) -> spec.Basic.Properties:
+    """The public path's properties for basic_publish, which encodes the publish itself;
+    refuses here (ValueError) what it could not encode."""
+    properties = frames.reference_properties(message_id, headers)
+    frames.reference_encoding(
+        underlay.number,
+        underlay.max_content_size,
+        exchange=route.exchange,
+        routing_key=routing_key,
+        body=b"",
+        properties=properties,
+    )
+    return properties
 
 
 class ChannelWriter:
@@ -136,7 +108,21 @@ class ChannelWriter:
             drained is not None and not drained.done()
         )
 
-    async def wait_for_room(self) -> None:
+    async def publish(
+        self,
+        underlay: Any,
+        route: Route,
+        routing_key: str,
+        *,
+        key: str | None,
+        message_id: str,
+        body: bytes,
+        extra_headers: Mapping[str, str] | None,
+        settle: Outcome,
+    ) -> SendError | None:
+        """Queue one publish for this turn's write on ``underlay`` once there is room (the
+        application's headers ``extra_headers`` and relayer's); the SendError if AMQP cannot
+        carry it."""
         drained = self._drained
         if drained is not None and not drained.done():
             # Backpressure: the previous write is still in the socket's buffer (a slow or
@@ -148,19 +134,36 @@ class ChannelWriter:
         while self._unconfirmed >= self._max_outstanding:
             self._room.clear()
             await self._room.wait()
-
-    def add(self, item: Queued) -> None:
-        """Queue ``item`` for this turn's write."""
+        headers: dict[str, str] = dict(extra_headers) if extra_headers else {}
+        for name in headers:
+            if len(name.encode()) > MAX_HEADER_NAME_BYTES:
+                return long_header_name(name)
+        headers[MESSAGE_ID_HEADER] = message_id
+        if key is not None:
+            headers[ORDERING_KEY_HEADER] = key
+        encoder = self._link.encoder if underlay is self._link.underlay else None
+        properties: spec.Basic.Properties | None = None
+        try:
+            if encoder is not None:
+                payload = encoder.publish(route.exchange, routing_key, body, message_id, headers)
+            else:
+                payload = b""
+                properties = _public_properties(underlay, route, routing_key, message_id, headers)
+        except Exception as exc:  # a value AMQP cannot carry
+            return not_encodable(exc)
         if not self._unconfirmed:  # nothing waited for a confirm: nothing is overdue
             self._confirmed_at = time.monotonic()
         self._unconfirmed += 1
-        self._queued.append(item)
-        self._queued_bytes += len(item.payload)
+        self._queued.append(
+            Queued(underlay, payload, message_id, route, routing_key, settle, body, properties)
+        )
+        self._queued_bytes += len(payload)
         if self._queued_bytes >= _WRITE_BYTES:
             self.flush()  # now: the next publish waits for this write to drain
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
+        return None
 
     def flush(self) -> None:
         """Write every publish queued in this event-loop turn, in order, in writes of about
