@@ -43,7 +43,7 @@ _ONLY_ROW = (0,)
 class KafkaTransport:
     """Publishes to Kafka topics; the destination is the topic name."""
 
-    # OpenTelemetry's messaging.system for the relay's send spans (relayer.tracing).
+    # OpenTelemetry's messaging.system for the relay's send spans (relayer.relay.trace).
     messaging_system = "kafka"
 
     def __init__(

@@ -39,7 +39,7 @@ _KNOWN_OPTIONS = (
 class RabbitMQTransport:
     """Publishes to RabbitMQ exchanges and queues with publisher confirms."""
 
-    # OpenTelemetry's messaging.system for the relay's send spans (relayer.tracing).
+    # OpenTelemetry's messaging.system for the relay's send spans (relayer.relay.trace).
     messaging_system = "rabbitmq"
 
     def __init__(
