@@ -9,7 +9,8 @@ Modules: ``app`` (the ASGI application), ``routes`` (paths and their guard), ``s
 every page shares: stores, templates, live fragments, the event stream), ``pages``,
 ``parked_pages`` and ``sessions`` (the handlers), ``params`` (checked request parameters),
 ``stores`` and ``sampler`` (one pool and one sampler per open store), ``actions`` (changes and
-bulk runs), ``diagnosis`` (why a lane is not moving), ``lanes`` (the heat map's encoding),
+bulk runs), ``views`` (a lane's detail with why it is not moving, the queues and the
+health, each put together from several reads), ``lanes`` (the heat map's encoding),
 ``security`` and ``format``.
 """
 

@@ -8,9 +8,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from relayer.dashboard import actions
-from relayer.dashboard.diagnosis import lane_detail
 from relayer.dashboard.params import BadRequest, choice, integer, text
 from relayer.dashboard.site import VIEWS, Dashboard
+from relayer.dashboard.views import lane_detail
 from relayer.operations.queues import QUEUE_ACTIONS, parse_limit
 from relayer.store.inspection import audit_entries
 

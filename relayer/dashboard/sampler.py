@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from relayer.dashboard.lanes import LaneMap, lane_map, pending_map
-from relayer.dispatch.control import QueueStatus
+from relayer.dispatch.control import QueueControl, QueueStatus
 from relayer.errors import StoreError
 from relayer.redact import redact
 from relayer.settings import StoreSettings
@@ -221,6 +221,8 @@ class StoreSampler:
         stall_after = self.store.lease_duration.total_seconds()
         async with self.pool.connection() as conn:
             reading = await read_snapshot(conn, self.store, stall_after=stall_after)
+            # The queue controls leave a driver error as is: the pool words it, in the block.
+            queues = await QueueControl(conn, self.store.names).status([self.store.name])
         stalled = self._stalled(dict(reading.stall_candidates), time.monotonic(), stall_after)
         lanes = lane_map(self.store.lanes, reading.lane_heads, stalled)
         if reading.counters is not None:
@@ -228,13 +230,19 @@ class StoreSampler:
             self.rates.add(time.time(), counters.inserted, counters.updated, counters.deleted)
         duration = time.perf_counter() - started
         self._version += 1
-        snapshot = self._snapshot(reading, lanes, duration)
+        snapshot = self._snapshot(reading, queues, lanes, duration)
         async with self._changed:
             self.snapshot = snapshot
             self._changed.notify_all()
         return duration
 
-    def _snapshot(self, reading: SnapshotReading, lanes: LaneMap, duration: float) -> Snapshot:
+    def _snapshot(
+        self,
+        reading: SnapshotReading,
+        queues: tuple[QueueStatus, ...],
+        lanes: LaneMap,
+        duration: float,
+    ) -> Snapshot:
         counters = reading.counters
         return Snapshot(
             store=self.store.name,
@@ -251,7 +259,7 @@ class StoreSampler:
             parked_retrying=reading.parked_keys - reading.parked_operator,
             parked_more=reading.parked_keys >= PARKED_CAP,
             batches_open=reading.batches_open,
-            queues=reading.queues,
+            queues=queues,
         )
 
     async def refine(self) -> float:

@@ -39,9 +39,10 @@ from relayer.dashboard.params import BadRequest, Refused
 from relayer.dashboard.sampler import Snapshot
 from relayer.dashboard.security import Access, Viewer
 from relayer.dashboard.stores import OPEN_STORES, StoreContext, Stores
+from relayer.dashboard.views import queues_view
 from relayer.operations.status import StoreSummary, read_summaries
 from relayer.settings import StoreSettings, TemplateSettings
-from relayer.store.inspection import error_groups, queues_view
+from relayer.store.inspection import error_groups
 
 STREAM_TIMEOUT = 15.0  # a stream with no new snapshot re-checks its client this often
 VIEWS = ("overview", "lanes", "parked", "queues", "health", "audit")

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from relayer.dashboard.sampler import StoreSampler
+from relayer.dashboard.views import HealthView, health_view
 from relayer.fleet.sources import DiscoveryError
 from relayer.operations.status import TemplateListing, list_template
 from relayer.settings import StoreSettings, TemplateSettings
 from relayer.store.dashboard import DashboardPool
-from relayer.store.inspection import HealthView, health_view
 
 logger = logging.getLogger(__name__)
 

@@ -3,51 +3,50 @@
 An outbox is a queue table: every row is inserted and deleted soon after, so it lives on
 autovacuum. When vacuum falls behind (a long transaction, an abandoned replication slot, a
 scale factor too high for a table this busy), dead tuples pile up and every scan slows down.
-The gateway reads what is needed to notice (relayer.store.maintenance.read_health), and
-``warnings_of`` says what to look at; the thresholds below are documented in
-docs/operations.md.
+The gateway reads what is needed to notice (relayer.store.maintenance, where the values and
+the bloat thresholds are defined; they are named here for their users), and ``warnings_of``
+says what to look at; the thresholds are documented in docs/operations.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from relayer.settings import StoreSettings
+from relayer.store.driver import Connection
+from relayer.store.maintenance import (
+    DEAD_RATIO_WARNING,
+    DEAD_ROWS_WARNING,
+    StoreHealth,
+    TableHealth,
+    read_table_health,
+)
 
-# Dead tuples worth a warning: at least this many, and this share of the table's tuples.
-DEAD_ROWS_WARNING = 10_000
-DEAD_RATIO_WARNING = 0.2
+__all__ = [
+    "DEAD_RATIO_WARNING",
+    "DEAD_ROWS_WARNING",
+    "DUE_AGE_WARNING",
+    "StoreHealth",
+    "TableHealth",
+    "read_health",
+    "warnings_of",
+    "with_warnings",
+]
+
 # A due row older than this means the relay is not keeping up (or a key waits for an operator).
 DUE_AGE_WARNING = timedelta(minutes=5)
 
 
-@dataclass(frozen=True, slots=True)
-class TableHealth:
-    table: str
-    live_rows: int
-    dead_rows: int
-    last_vacuum: datetime | None  # the later of the last autovacuum and manual vacuum
-    size_bytes: int  # table, indexes and TOAST
-
-    @property
-    def dead_ratio(self) -> float:
-        total = self.live_rows + self.dead_rows
-        return self.dead_rows / total if total else 0.0
-
-    @property
-    def bloated(self) -> bool:
-        return self.dead_rows >= DEAD_ROWS_WARNING and self.dead_ratio >= DEAD_RATIO_WARNING
+async def read_health(conn: Connection, store: StoreSettings) -> StoreHealth:
+    """The health of ``store``'s tables with its warnings, as ``relayer status`` shows it (the
+    statement: relayer.store.maintenance.read_table_health; driver errors as it raises them)."""
+    return with_warnings(await read_table_health(conn, store), store)
 
 
-@dataclass(frozen=True, slots=True)
-class StoreHealth:
-    tables: tuple[TableHealth, ...]
-    oldest_due_age_seconds: float  # the oldest row by id that is due (parked keys included)
-    unordered_failing: int  # unordered rows that failed at least once and wait for a retry
-    unordered_max_attempts: int
-    unordered_last_error: str | None
-    warnings: tuple[str, ...]
+def with_warnings(health: StoreHealth, store: StoreSettings) -> StoreHealth:
+    """``health`` as read by the gateway, with what an operator should look at."""
+    return replace(health, warnings=warnings_of(health, store))
 
 
 def warnings_of(health: StoreHealth, store: StoreSettings) -> tuple[str, ...]:

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relayer.errors import ConfigurationError, RelayerError
-from relayer.operations.health import StoreHealth
+from relayer.operations.health import StoreHealth, read_health
 from relayer.operations.schema import require_schema
 from relayer.redact import redact
 from relayer.relay.membership import share
 from relayer.settings import StoreSettings
 from relayer.store.driver import Connection, connect, is_broken
-from relayer.store.maintenance import read_health
 from relayer.store.parked import ParkedKey, read_parked
 from relayer.store.status import (
     LanePending,

@@ -3,7 +3,10 @@ on (the relay's, membership's, unordered sending's and maintenance's; those of `
 status``, ``parked``, ``schema`` and ``queue``; the backlog gauges', the dashboard's, the
 dispatch layer's and the inbox's). Outside this package nothing opens a connection, runs a
 statement or catches a driver error: tests/unit/test_architecture.py checks every other
-module (and lists those still being moved onto the gateway).
+module (and lists those still being moved onto the gateway). The gateway sits below the code
+that uses it: its modules import none of dispatch, operations, relay, worker, the dashboard,
+the CLI, fleet or the writer (tests/unit/test_store_layering.py); it returns the values it
+reads, and what they mean (warnings, views, policies) is decided above it.
 
 Errors. Callers get relayer errors: psycopg, socket and pool errors are translated once, here,
 into StoreError (or the relayer error the calling API promises), with redacted messages and
@@ -27,7 +30,7 @@ objects (or typed rows), never a cursor.
 - ``wire``: a lane batch's (and a queue claim's) statements run on a connection: through
   ``libpq_pipeline`` with the psycopg releases it was tested with, else psycopg's cursors;
 - ``unordered``: claiming and settling unordered rows;
-- ``maintenance``: retention and the table health;
+- ``maintenance``: retention and the table health (its values, without warnings);
 - ``schema``: a store's recorded metadata, the operator's check of it, ``schema apply``;
 - ``drift``: the drift check, and the worker's check of a store before serving it;
 - ``dispatch``: queue slots on a dispatcher connection, and the queue controls' statements;
@@ -38,7 +41,7 @@ objects (or typed rows), never a cursor.
 - ``backlog``: the backlog gauges' totals and oldest lanes (the metrics);
 - ``dashboard``: the dashboard's pool and its sampler's snapshot and refinement;
 - ``inspection``: what the dashboard reads on request (a lane, parked pages, a key, a body,
-  the queues, the table health, the audit trail).
+  the holders of queue slots, index sizes, schema drift, the audit trail).
 """
 
 from relayer.store.connections import (

@@ -19,7 +19,6 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from relayer.dispatch.control import QueueControl, QueueStatus
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import (
@@ -114,7 +113,8 @@ class TableCounters:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotReading:
-    """What one snapshot read, in one go on one connection."""
+    """What one snapshot reads of the store's tables, in one go on one connection (the
+    sampler reads the queues' states after it, through the queue controls)."""
 
     # The dash_lane_map row's first seven columns, as relayer.dashboard.lanes.lane_map reads them.
     lane_heads: tuple[Any, ...]
@@ -127,7 +127,6 @@ class SnapshotReading:
     counters: TableCounters | None  # None: no outbox table
     unordered_age_seconds: float
     batches_open: int
-    queues: tuple[QueueStatus, ...]
 
 
 async def read_snapshot(
@@ -158,7 +157,6 @@ async def read_snapshot(
             queries["dash_batches_open"], {"application": f"relayer:{store.name}:batch"}
         )
         batches = await cursor.fetchone()
-        queues = await QueueControl(conn, store.names).status([store.name])
     assert lane_row is not None and parked is not None  # aggregates: always one row
     return SnapshotReading(
         lane_heads=tuple(lane_row[:7]),
@@ -173,7 +171,6 @@ async def read_snapshot(
         counters=TableCounters(*(int(value) for value in counters)) if counters else None,
         unordered_age_seconds=float(unordered[0]) if unordered else 0.0,
         batches_open=int(batches[0]) if batches else 0,
-        queues=queues,
     )
 
 

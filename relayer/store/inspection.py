@@ -1,13 +1,15 @@
 """What the dashboard reads on request: a lane, a page of parked keys, a key, a row's body,
-the queues, the table health and the audit trail.
+the holders of the queues' slots, the index sizes, the schema drift and the audit trail.
 
-Every statement is a named query of ``relayer/sql/dashboard.sql`` (or the store's queue
-control, schema and health reads); counts are capped at COUNT_CAP, error texts and reasons
-redacted. Driver errors become StoreError in the driver's own words.
+Every statement is a named query of ``relayer/sql/dashboard.sql`` (or the drift check of
+relayer.store.drift); counts are capped at COUNT_CAP, error texts and reasons redacted. Driver
+errors become StoreError in the driver's own words. The dashboard puts these reads together
+with the queue controls' and the table health's (relayer.dashboard.views).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,17 +17,13 @@ from uuid import UUID
 
 import psycopg
 
-from relayer.dispatch.control import QueueControl, QueueEvent, QueueStatus, queue_lock_key
-from relayer.dispatch.policies import ALL_QUEUES
 from relayer.identifiers import TABLE_SUFFIXES
-from relayer.operations import schema
-from relayer.operations.health import StoreHealth
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.dashboard import COUNT_CAP, Capped
+from relayer.store.drift import check
 from relayer.store.driver import Connection, translated_verbatim
-from relayer.store.maintenance import read_health
 
 PAGE_SIZE = 50
 ROWS_SHOWN = 20
@@ -143,27 +141,11 @@ class Holder:
 
 
 @dataclass(frozen=True, slots=True)
-class QueuesView:
-    states: tuple[QueueStatus, ...]
-    events: tuple[QueueEvent, ...]
-    holders: tuple[Holder, ...]
-    all_paused: bool
-
-
-@dataclass(frozen=True, slots=True)
 class IndexSize:
     table: str
     index: str
     size_bytes: int
     scans: int
-
-
-@dataclass(frozen=True, slots=True)
-class HealthView:
-    health: StoreHealth
-    indexes: tuple[IndexSize, ...]
-    drift: tuple[str, ...]
-    schema_version: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +189,7 @@ def _count(row: tuple[Any, ...] | None) -> Capped:
 
 async def read_lane(conn: Connection, store: StoreSettings, lane: int) -> LaneDetail:
     """``lane``'s lease, first rows, capped pending count and parked keys (no reasons yet:
-    they need the latest snapshot, relayer.dashboard.diagnosis)."""
+    they need the latest snapshot, relayer.dashboard.views)."""
     queries = queries_for(store.names)
     with translated_verbatim():
         cursor = await conn.execute(queries["dash_lane_lease"], {"lane": lane})
@@ -317,47 +299,40 @@ async def row_body(conn: Connection, store: StoreSettings, lane: int, row_id: UU
     return Body(text, size, size > len(data), binary, str(row[2]))
 
 
-async def queues_view(conn: Connection, store: StoreSettings) -> QueuesView:
-    """The store's queue states, their latest changes and who holds their slots now."""
+async def slot_holders(
+    conn: Connection, store: StoreSettings, queues: Mapping[int, str]
+) -> tuple[Holder, ...]:
+    """Who holds the slots of ``queues`` (lock key -> queue name) now."""
     with translated_verbatim():
-        control = QueueControl(conn, store.names)
-        states = await control.status([store.name])
-        events = await control.events(limit=50)
-        keys = {queue_lock_key(store.names, state.queue): state.queue for state in states}
         cursor = await conn.execute(
-            queries_for(store.names)["dash_queue_holders"], {"keys": list(keys)}
+            queries_for(store.names)["dash_queue_holders"], {"keys": list(queues)}
         )
         records = await cursor.fetchall()
-    holders = tuple(
-        Holder(keys.get(int(r[0]), "?"), int(r[1]), int(r[2]), str(r[3]), str(r[4]), r[5])
+    return tuple(
+        Holder(queues.get(int(r[0]), "?"), int(r[1]), int(r[2]), str(r[3]), str(r[4]), r[5])
         for r in records
     )
-    every = next((state for state in states if state.queue == ALL_QUEUES), None)
-    return QueuesView(states, events, holders, bool(every and every.paused))
 
 
-async def health_view(conn: Connection, store: StoreSettings) -> HealthView:
-    """The table health, index sizes, schema drift and version."""
+async def index_sizes(conn: Connection, store: StoreSettings) -> tuple[IndexSize, ...]:
+    """The size and scan count of every index of the store's tables."""
     with translated_verbatim():
-        health = await read_health(conn, store)
         cursor = await conn.execute(
             queries_for(store.names)["dash_index_sizes"],
             {"schema": store.db_schema, "tables": [store.names.table(r) for r in TABLE_SUFFIXES]},
         )
         records = await cursor.fetchall()
-        meta = await schema.read_meta(conn, store.names)
-        drift = await _drift(conn, store)
-    indexes = tuple(IndexSize(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in records)
-    return HealthView(health, indexes, drift, meta.schema_version if meta else None)
+    return tuple(IndexSize(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in records)
 
 
-async def _drift(conn: Connection, store: StoreSettings) -> tuple[str, ...]:
+async def schema_drift(conn: Connection, store: StoreSettings) -> tuple[str, ...]:
     """Schema drift, or why it was not checked: the check compares with temporary tables,
     which a read-only role may not create."""
-    try:
-        return tuple(str(item) for item in await schema.check(conn, store))
-    except psycopg.errors.InsufficientPrivilege:
-        return ("not checked: the dashboard's database role may not create temporary tables",)
+    with translated_verbatim():
+        try:
+            return tuple(str(item) for item in await check(conn, store))
+        except psycopg.errors.InsufficientPrivilege:
+            return ("not checked: the dashboard's database role may not create temporary tables",)
 
 
 async def audit_entries(

@@ -3,21 +3,55 @@ a task lock, dropping keys that waited too long for an operator, and the table h
 
 Statements live in ``relayer/sql/maintenance.sql`` and ``inbox.sql``; each method of
 :class:`MaintenanceStore` runs its own transaction(s) on ``conn`` (autocommit off) and raises
-StoreError for driver errors. :func:`read_health` is also what ``relayer status`` and the
-dashboard read, in their own transaction (the values are relayer.operations.health's).
+StoreError for driver errors. :func:`read_table_health` is also what ``relayer status`` and
+the dashboard read, in their own transaction. The health is read here without warnings: what
+an operator should look at is relayer.operations.health's (``warnings_of``, ``with_warnings``),
+which re-exports the values defined here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from relayer.identifiers import TABLE_SUFFIXES
-from relayer.operations.health import StoreHealth, TableHealth, warnings_of
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import Connection, translated
+
+# Dead tuples that make a table bloated: at least this many, and this share of its tuples
+# (docs/operations.md).
+DEAD_ROWS_WARNING = 10_000
+DEAD_RATIO_WARNING = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class TableHealth:
+    table: str
+    live_rows: int
+    dead_rows: int
+    last_vacuum: datetime | None  # the later of the last autovacuum and manual vacuum
+    size_bytes: int  # table, indexes and TOAST
+
+    @property
+    def dead_ratio(self) -> float:
+        total = self.live_rows + self.dead_rows
+        return self.dead_rows / total if total else 0.0
+
+    @property
+    def bloated(self) -> bool:
+        return self.dead_rows >= DEAD_ROWS_WARNING and self.dead_ratio >= DEAD_RATIO_WARNING
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHealth:
+    tables: tuple[TableHealth, ...]
+    oldest_due_age_seconds: float  # the oldest row by id that is due (parked keys included)
+    unordered_failing: int  # unordered rows that failed at least once and wait for a retry
+    unordered_max_attempts: int
+    unordered_last_error: str | None
+    warnings: tuple[str, ...]  # empty as read here (relayer.operations.health.with_warnings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,23 +118,24 @@ class MaintenanceStore:
         return DroppedKey(int(count), head, int(attempts), error, float(waited))
 
     async def health(self, conn: Connection) -> StoreHealth:
-        """The table health (relayer.operations.health), read in a transaction rolled back after."""
+        """The table health (without warnings), read in a transaction rolled back after."""
         with translated(self.store, "read the table health"):
             try:
-                return await read_health(conn, self.store)
+                return await read_table_health(conn, self.store)
             finally:
                 await conn.rollback()
 
     async def look(self, conn: Connection) -> tuple[StoreHealth, bool]:
-        """The table health, and whether a retention has rows to delete, in one statement on
-        an autocommit connection (the worker's housekeeping connection)."""
+        """The table health (without warnings), and whether a retention has rows to delete, in
+        one statement on an autocommit connection (the worker's housekeeping connection)."""
         with translated(self.store, "read the table health"):
             return await read_health_and_retention(conn, self.store)
 
 
-async def read_health(conn: Connection, store: StoreSettings) -> StoreHealth:
-    """Read the health of ``store``'s tables (read-only, one statement reading the outbox and
-    the catalog only, so an operator's role can run it; cheap enough for every status call)."""
+async def read_table_health(conn: Connection, store: StoreSettings) -> StoreHealth:
+    """Read the health of ``store``'s tables, without warnings (read-only, one statement
+    reading the outbox and the catalog only, so an operator's role can run it; cheap enough
+    for every status call)."""
     health, _ = await _read(conn, store, with_retention=False)
     return health
 
@@ -108,9 +143,9 @@ async def read_health(conn: Connection, store: StoreSettings) -> StoreHealth:
 async def read_health_and_retention(
     conn: Connection, store: StoreSettings
 ) -> tuple[StoreHealth, bool]:
-    """The health of ``store``'s tables, and whether a retention setting has rows to delete
-    (relayer.worker.maintenance.cleanup would delete some), in one read-only statement (it
-    reads the inbox, sequence and parked tables too: the relay's role)."""
+    """The health of ``store``'s tables (without warnings), and whether a retention setting has
+    rows to delete (relayer.worker.maintenance.cleanup would delete some), in one read-only
+    statement (it reads the inbox, sequence and parked tables too: the relay's role)."""
     return await _read(conn, store, with_retention=True)
 
 
@@ -144,4 +179,4 @@ async def _read(
     )
     health = StoreHealth(found, float(due_age), int(failing), int(attempts), error, ())
     retention_due = bool(row[9]) if with_retention else False
-    return replace(health, warnings=warnings_of(health, store)), retention_due
+    return health, retention_due

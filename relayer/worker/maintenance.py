@@ -37,7 +37,7 @@ from relayer.dispatch import MemoryQueue
 from relayer.errors import StoreError
 from relayer.lanes import fnv1a_32
 from relayer.observability.throttle import ThrottledLog, shape
-from relayer.operations.health import StoreHealth
+from relayer.operations.health import StoreHealth, with_warnings
 from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
 from relayer.store import Connection, MaintenanceStore, Session, Transactions, UnorderedStore
@@ -318,7 +318,7 @@ class Maintenance:
         self._looks[Task.CLEANUP] = self.now() + self.store.cleanup_interval.total_seconds()
 
     def _report(self, health: StoreHealth) -> None:
-        self.last_health = health
+        self.last_health = health = with_warnings(health, self.store)
         for warning in health.warnings:
             logger.warning(
                 "store %s: %s",

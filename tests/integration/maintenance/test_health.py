@@ -11,10 +11,9 @@ import psycopg
 
 from relayer import Outbox, OutboxMessage
 from relayer.cli.status_command import render
-from relayer.operations.health import DEAD_ROWS_WARNING, StoreHealth
+from relayer.operations.health import DEAD_ROWS_WARNING, StoreHealth, read_health
 from relayer.operations.status import read_status
 from relayer.settings import StoreSettings
-from relayer.store.maintenance import read_health
 
 
 async def health_of(store: StoreSettings) -> StoreHealth:
