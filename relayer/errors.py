@@ -1,6 +1,6 @@
 """The exception tree: one root, a subtree per concern.
 
-Driver errors are translated once, at the edge (store, writer, transports), with
+Driver errors are translated once, at the edge (store, transports), with
 ``raise ... from exc`` so the original stays reachable for debugging.
 """
 

@@ -30,14 +30,10 @@ from uuid import UUID
 
 from relayer.errors import InvalidMessageError
 from relayer.settings import StoreSettings
+from relayer.store.caller import async_connection, require_transaction, sync_connection
 from relayer.store.inbox import ClaimRow, InboxStatements
 from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQUENCE_HEADER
 from relayer.writer.sequences import sequence_of
-from relayer.writer.transactions import (
-    async_connection,
-    require_transaction,
-    sync_connection,
-)
 
 MAX_CONSUMER_NAME = 200
 _SYNC_NAMES = "claim / claim_message"

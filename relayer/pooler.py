@@ -7,6 +7,8 @@ server: no session ``SET`` (settings travel as ``SET LOCAL`` in the transactions
 them), no server-side prepared statements (PgBouncer before 1.21 cannot route them), no
 ``options`` at connect (refused), no LISTEN (it would never fire: it runs on ``listen_dsn``, a
 direct connection, or the worker polls). These are the checks and values both modes share.
+What they read in a DSN, libpq's parser reads; it also decides whether a DSN parses at all
+(the settings' check_dsn asks :func:`dsn_parse_error`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from datetime import timedelta
 from typing import Literal
 
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.errors import ProgrammingError
 
 from relayer.deadlines import Deadlines
 
@@ -31,6 +34,16 @@ def check_pooler(value: object) -> object:
     if value in POOLERS:
         return value
     raise ValueError(POOLER_RULE)
+
+
+def dsn_parse_error(dsn: str) -> str | None:
+    """Why libpq cannot parse ``dsn`` (its words, which may quote pieces of the DSN, a
+    password's among them), or None when it parses. Nothing connects."""
+    try:
+        conninfo_to_dict(dsn)
+    except ProgrammingError as exc:  # a configuration error: no connection is involved
+        return str(exc)
+    return None
 
 
 def dsn_sets_options(dsn: str) -> bool:

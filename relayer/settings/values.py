@@ -15,6 +15,8 @@ from typing import Annotated
 
 from pydantic import BeforeValidator
 
+from relayer.pooler import dsn_parse_error
+
 _DURATION = re.compile(r"\s*(?P<number>-?\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -80,18 +82,14 @@ def check_dsn(value: str | None) -> str | None:
     """
     if not value:
         return value
-    from psycopg import ProgrammingError  # libpq is the authority on what parses
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        conninfo_to_dict(value)
-    except ProgrammingError as exc:
-        reason = _QUOTED.sub(_elide_quoted, str(exc).strip().splitlines()[0] if str(exc) else "")
+    error = dsn_parse_error(value)  # libpq is the authority on what parses
+    if error is not None:
+        reason = _QUOTED.sub(_elide_quoted, error.strip().splitlines()[0] if error else "")
         raise ValueError(
             f"is not a PostgreSQL connection string ({reason}); use a postgresql:// URL "
             "(percent-encode spaces as %20) or key=value pairs, putting a value that contains "
             "spaces in single quotes"
-        ) from None
+        )
     return value
 
 

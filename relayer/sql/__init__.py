@@ -1,6 +1,6 @@
 """The SQL relayer runs: named queries and numbered migrations, parsed once, composed per
-store with validated identifiers. This package runs nothing: ``relayer.store`` does (and the
-writer and the inbox, on the application's connection).
+store with validated identifiers. This package runs nothing: ``relayer.store`` does (the
+writer's and the inbox's statements too, on the application's connection).
 
 Every statement lives in a named-query file of this package (``queries.sql`` for the core,
 ``relay.sql``, ``dispatch.sql``, ``schema.sql``, ...) or in a numbered migration

@@ -1,12 +1,14 @@
 """The store gateway: the part of relayer that runs statements, and the connections they run
 on (the relay's, membership's, unordered sending's and maintenance's; those of ``relayer
-status``, ``parked``, ``schema`` and ``queue``; the backlog gauges', the dashboard's, the
-dispatch layer's and the inbox's). Outside this package nothing opens a connection, runs a
-statement or catches a driver error: tests/unit/test_architecture.py checks every other
-module (and lists those still being moved onto the gateway). The gateway sits below the code
-that uses it: its modules import none of dispatch, operations, relay, worker, the dashboard,
-the CLI, fleet or the writer (tests/unit/test_store_layering.py); it returns the values it
-reads, and what they mean (warnings, views, policies) is decided above it.
+status``, ``parked``, ``schema`` and ``queue``; the backlog gauges', the dashboard's and the
+dispatch layer's; the application's, for the writer and the inbox). Outside this package
+nothing opens a connection, runs a statement or catches a driver error:
+tests/unit/test_architecture.py checks every other module (and names the few driver imports,
+and the one catch of a DSN libpq cannot parse, that it allows, with their reasons). The gateway
+sits below the code that uses it: its modules import none of dispatch, operations, relay,
+worker, the dashboard, the CLI, fleet or the writer (tests/unit/test_store_layering.py); it
+returns the values it reads, and what they mean (warnings, views, policies) is decided above
+it.
 
 Errors. Callers get relayer errors: psycopg, socket and pool errors are translated once, here,
 into StoreError (or the relayer error the calling API promises), with redacted messages and
@@ -14,11 +16,12 @@ the driver's error chained. The operator's reads and changes (status, parked, ba
 dashboard, inspection) keep the driver's own words in the StoreError
 (driver.translated_verbatim): a store's line of ``status --all`` and a dashboard page show
 them as the server said them. Statements on a connection the caller holds and passes in (the
-schema's reads and checks, the queue controls, the table health, the inbox's claim in the
-consumer's transaction) leave a driver error as the caller's own statements on it would,
-except where the gateway says what went wrong itself (a missing schema or table:
-SchemaNotAppliedError; a failed ``schema apply``: StoreError). Callers get frozen value
-objects (or typed rows), never a cursor.
+schema's reads and checks, the queue controls, the table health, the writer's rows in the
+application's transaction, the inbox's claim in the consumer's) leave a driver error as the
+caller's own statements on it would, except where the gateway says what went wrong itself (a
+missing schema or table: SchemaNotAppliedError; another lane count: LaneCountMismatchError; a
+failed ``schema apply``: StoreError). Callers get frozen value objects (or typed rows), never
+a cursor.
 
 - ``driver``: opening connections, the connection type and the translation of driver errors;
 - ``connections``: the pool of transaction connections, autocommit sessions, LISTEN;
@@ -34,6 +37,9 @@ objects (or typed rows), never a cursor.
 - ``schema``: a store's recorded metadata, the operator's check of it, ``schema apply``;
 - ``drift``: the drift check, and the worker's check of a store before serving it;
 - ``dispatch``: queue slots on a dispatcher connection, and the queue controls' statements;
+- ``caller``: the psycopg connection behind what an application passes (psycopg's,
+  SQLAlchemy's, Django's), and whether it is in a transaction;
+- ``outbox``: the writer's rows (insert, COPY, NOTIFY, sequence numbers, the lane-count check);
 - ``inbox``: a consumer's claim of a message id;
 - ``catalog``: reading a template's catalog of stores (relayer.fleet);
 - ``status``: ``relayer status`` (members, leases, pending rows) and a line of ``status --all``;

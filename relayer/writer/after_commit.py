@@ -31,16 +31,14 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 from uuid import UUID
 
-from psycopg.pq import TransactionStatus
-
 from relayer.errors import StoreError, UsageError
 from relayer.observability.throttle import ThrottledLog
 from relayer.relay.unordered import UnorderedResult, UnorderedSender
 from relayer.store import StorePool, unordered_settings
+from relayer.store.caller import in_transaction, transaction_owner
 from relayer.transports.base import Transport
 from relayer.transports.routing import Routing
 from relayer.writer.outbox import Outbox
-from relayer.writer.transactions import transaction_owner, transaction_status
 
 logger = logging.getLogger(__name__)
 
@@ -356,8 +354,7 @@ def listen_sessions(
 
 
 def _require_finished(conn: Any) -> None:
-    status = transaction_status(conn)
-    if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+    if in_transaction(conn):
         raise UsageError(
             "dispatch_after_commit(conn) was called while conn's transaction is still open; "
             "call it after conn.commit() (or after the `with conn.transaction():` block)"

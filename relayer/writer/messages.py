@@ -3,7 +3,8 @@
 Every field of an :class:`OutboxMessage` is checked here (types, sizes, NUL characters, text
 that has no UTF-8 form, reserved headers, the store's transports and body limit), and the
 message becomes the fields of its row, headers encoded once as JSON (:class:`EncodedJson`).
-Nothing here touches a connection: relayer.writer.outbox inserts what this module returns.
+Nothing here touches a connection or the driver: the gateway (relayer.store.outbox) inserts
+what this module returns, and teaches psycopg to send EncodedJson.
 """
 
 from __future__ import annotations
@@ -13,10 +14,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
-
-import psycopg
-from psycopg.adapt import Dumper, PyFormat
-from psycopg.pq import Format
 
 from relayer.errors import InvalidMessageError, Shown
 from relayer.lanes import UNORDERED_LANE, lane_for
@@ -36,42 +33,13 @@ _STAMPED_HEADERS = {
 
 
 class EncodedJson:
-    """JSON text encoded once in Python and sent to a jsonb column as is."""
+    """JSON text encoded once in Python and sent to a jsonb column as is (the gateway's
+    dumpers, relayer.store.outbox, send its bytes)."""
 
     __slots__ = ("data",)
 
     def __init__(self, data: bytes) -> None:
         self.data = data
-
-
-class _EncodedJsonDumper(Dumper):
-    format = Format.TEXT
-
-    def dump(self, obj: EncodedJson) -> bytes:
-        return obj.data
-
-
-class _EncodedJsonBinaryDumper(_EncodedJsonDumper):
-    format = Format.BINARY
-
-    def dump(self, obj: EncodedJson) -> bytes:
-        return b"\x01" + obj.data  # jsonb's binary format: a version byte, then the text
-
-
-_JSONB_OID = psycopg.postgres.types["jsonb"].oid
-_EncodedJsonDumper.oid = _EncodedJsonBinaryDumper.oid = _JSONB_OID
-
-
-def ensure_json_dumpers(adapters: psycopg.adapt.AdaptersMap) -> None:
-    """Teach ``adapters`` to send EncodedJson (new connections inherit the global map)."""
-    try:
-        adapters.get_dumper(EncodedJson, PyFormat.BINARY)
-    except psycopg.ProgrammingError:
-        adapters.register_dumper(EncodedJson, _EncodedJsonDumper)
-        adapters.register_dumper(EncodedJson, _EncodedJsonBinaryDumper)
-
-
-ensure_json_dumpers(psycopg.adapters)
 
 
 _NO_HEADERS = EncodedJson(b"{}")

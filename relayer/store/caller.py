@@ -1,10 +1,12 @@
-"""Joining the caller's transaction: the psycopg connection behind what an application passes.
+"""The caller's connection: the psycopg connection behind what an application passes, and
+the state of its transaction. This is the driver's edge on the application's side.
 
 The writer and the inbox accept a psycopg ``Connection``/``AsyncConnection``, an SQLAlchemy
 ``Session``, ``Connection``, ``AsyncSession`` or ``AsyncConnection`` using the psycopg driver,
-or Django's connection inside ``transaction.atomic()`` (relayer.django), and run their
-statements on the driver connection underneath, inside the caller's transaction. SQLAlchemy and
-Django are imported only when such an object is passed.
+or Django's connection inside ``transaction.atomic()`` (relayer.django); the gateway runs
+their statements (relayer.store.outbox, relayer.store.inbox) on the driver connection
+underneath, inside the caller's transaction. SQLAlchemy and Django are imported only when such
+an object is passed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from relayer.errors import UsageError
+
+_IN_TRANSACTION = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
 
 def require_transaction(
@@ -120,8 +124,9 @@ def transaction_owner(conn: Any) -> Any:
     return conn
 
 
-def transaction_status(conn: Any) -> TransactionStatus | None:
-    """The transaction status of a psycopg connection (None for SQLAlchemy objects)."""
+def in_transaction(conn: Any) -> bool:
+    """Whether a psycopg connection is inside a transaction, working or failed (False for
+    SQLAlchemy objects: their session events say when they commit)."""
     if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
-        return conn.info.transaction_status
-    return None
+        return conn.info.transaction_status in _IN_TRANSACTION
+    return False
