@@ -12,12 +12,12 @@ if TYPE_CHECKING:
         StoreError,
         TransportError,
     )
+    from relayer.ids import uuid7
     from relayer.inbox import Claim, Inbox, Outcome
     from relayer.lanes import fnv1a_32, lane_for
     from relayer.settings import RelayerSettings, StoreSettings, TransportSettings, load_settings
     from relayer.worker.worker import Worker
     from relayer.writer.after_commit import BackgroundDispatcher, UnorderedDispatcher
-    from relayer.writer.ids import uuid7
     from relayer.writer.messages import OutboxMessage
     from relayer.writer.outbox import Outbox
 
@@ -33,7 +33,7 @@ _LAZY = {
     "SchemaNotAppliedError": "relayer.errors",
     "StoreError": "relayer.errors",
     "TransportError": "relayer.errors",
-    "uuid7": "relayer.writer.ids",
+    "uuid7": "relayer.ids",
     "Claim": "relayer.inbox",
     "Inbox": "relayer.inbox",
     "Outcome": "relayer.inbox",

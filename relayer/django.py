@@ -21,11 +21,14 @@ connections are synchronous; from an async view call the writing function throug
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
+from relayer.store.caller import connection_of
 
-from relayer.errors import UsageError
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["connection_of", "psycopg_connection"]
 
 
 def psycopg_connection(using: str = "default") -> psycopg.Connection[Any]:
@@ -33,30 +36,3 @@ def psycopg_connection(using: str = "default") -> psycopg.Connection[Any]:
     from django.db import connections
 
     return connection_of(connections[using])
-
-
-def connection_of(wrapper: Any) -> psycopg.Connection[Any]:
-    """The psycopg connection under a Django connection (``django.db.connection`` or
-    ``connections[alias]``), which must be inside ``transaction.atomic()``."""
-    vendor = getattr(wrapper, "vendor", None)
-    if vendor != "postgresql":
-        raise UsageError(
-            f"relayer writes outbox rows through Django's PostgreSQL backend, but this "
-            f"connection's vendor is {vendor!r}; use a database whose ENGINE is "
-            "'django.db.backends.postgresql'"
-        )
-    if not wrapper.in_atomic_block:
-        raise UsageError(
-            "Django's connection is in autocommit mode outside transaction.atomic(), so the "
-            "outbox row would not share a transaction with your business data; write inside "
-            "`with transaction.atomic():`"
-        )
-    wrapper.ensure_connection()
-    raw = wrapper.connection
-    if not isinstance(raw, psycopg.Connection):
-        raise UsageError(
-            f"Django's connection uses {type(raw).__module__} (psycopg2?), but relayer needs "
-            "psycopg 3 under Django: install psycopg (relayer depends on it), uninstall "
-            "psycopg2, and restart"
-        )
-    return raw

@@ -42,8 +42,6 @@ def sync_connection(conn: Any, async_twin: str, sync_names: str) -> psycopg.Conn
         raise UsageError(f"an async psycopg connection needs {async_twin}")
     module = type(conn).__module__
     if module.startswith("django."):
-        from relayer.django import connection_of
-
         return connection_of(conn)
     if module.startswith("sqlalchemy"):
         from sqlalchemy.engine import Connection
@@ -130,3 +128,30 @@ def in_transaction(conn: Any) -> bool:
     if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
         return conn.info.transaction_status in _IN_TRANSACTION
     return False
+
+
+def connection_of(wrapper: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection under a Django connection (``django.db.connection`` or
+    ``connections[alias]``), which must be inside ``transaction.atomic()``."""
+    vendor = getattr(wrapper, "vendor", None)
+    if vendor != "postgresql":
+        raise UsageError(
+            f"relayer writes outbox rows through Django's PostgreSQL backend, but this "
+            f"connection's vendor is {vendor!r}; use a database whose ENGINE is "
+            "'django.db.backends.postgresql'"
+        )
+    if not wrapper.in_atomic_block:
+        raise UsageError(
+            "Django's connection is in autocommit mode outside transaction.atomic(), so the "
+            "outbox row would not share a transaction with your business data; write inside "
+            "`with transaction.atomic():`"
+        )
+    wrapper.ensure_connection()
+    raw = wrapper.connection
+    if not isinstance(raw, psycopg.Connection):
+        raise UsageError(
+            f"Django's connection uses {type(raw).__module__} (psycopg2?), but relayer needs "
+            "psycopg 3 under Django: install psycopg (relayer depends on it), uninstall "
+            "psycopg2, and restart"
+        )
+    return raw

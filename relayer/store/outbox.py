@@ -18,25 +18,45 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg.adapt import AdaptersMap, Dumper, PyFormat
 from psycopg.pq import Format
 
+from relayer.ids import uuid7, uuid7_iter
 from relayer.lanes import UNORDERED_LANE
 from relayer.pooler import caller_prepare
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.caller import require_transaction
 from relayer.store.schema import StoreMeta, verify_meta
-from relayer.writer.ids import uuid7, uuid7_iter
-from relayer.writer.messages import EncodedJson, Fields, Row, stamp_sequence_numbers
 
 # A batch touching more lanes than this sends one "wake every lane" notification instead.
 NOTIFY_LANES_MAX = 32
 _COPY_TYPES = ("uuid", "int4", "text", "text", "text", "bytea", "jsonb", "timestamptz")
+
+
+class EncodedJson:
+    """JSON text encoded once in Python and sent to a jsonb column as is (this module's
+    dumpers send its bytes)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+# A validated message without its id: (lane, key, transport, destination, body, headers, due).
+Fields = tuple[int, str | None, str | None, str, bytes, EncodedJson, datetime | None]
+Row = tuple[UUID, int, str | None, str | None, str, bytes, EncodedJson, datetime | None]
+# How the writer numbers a batch's keyed rows from the first number reserved for each key
+# (relayer.writer.messages.stamp_sequence_numbers): the numbering is the writer's, the counters
+# and their locks the gateway's.
+Stamp = Callable[[list[Fields], Mapping[str, int]], list[Fields]]
 
 
 class _EncodedJsonDumper(Dumper):
@@ -74,8 +94,9 @@ class OutboxStatements:
     The store's recorded lane count is read on the first write and remembered.
     """
 
-    def __init__(self, store: StoreSettings) -> None:
+    def __init__(self, store: StoreSettings, stamp: Stamp) -> None:
         self.store = store
+        self._stamp = stamp
         self._queries = queries_for(store.names)
         self._channel = store.names.notify_channel
         self._insert = self._queries["insert_message"]
@@ -95,7 +116,7 @@ class OutboxStatements:
         self._ready(connection)
         if self.store.sequence_numbers and fields[1] is not None:
             reserved = self._reserved(connection, [fields[1]])
-            fields = stamp_sequence_numbers([fields], reserved)[0]
+            fields = self._stamp([fields], reserved)[0]
         row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
         connection.execute(*self._insert_statement(row), prepare=self._prepare)
         return row
@@ -107,7 +128,7 @@ class OutboxStatements:
         self._ready(connection)
         if self.store.sequence_numbers:
             reserved = self._reserved(connection, [fields[1] for fields in validated])
-            validated = stamp_sequence_numbers(validated, reserved)
+            validated = self._stamp(validated, reserved)
         rows: list[Row] = []
         with connection.cursor() as cursor:
             with cursor.copy(self._queries["copy_messages"]) as copy:
@@ -153,7 +174,7 @@ class OutboxStatements:
         await self._ready_async(connection)
         if self.store.sequence_numbers and fields[1] is not None:
             reserved = await self._reserved_async(connection, [fields[1]])
-            fields = stamp_sequence_numbers([fields], reserved)[0]
+            fields = self._stamp([fields], reserved)[0]
         row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
         await connection.execute(*self._insert_statement(row), prepare=self._prepare)
         return row
@@ -164,7 +185,7 @@ class OutboxStatements:
         await self._ready_async(connection)
         if self.store.sequence_numbers:
             reserved = await self._reserved_async(connection, [fields[1] for fields in validated])
-            validated = stamp_sequence_numbers(validated, reserved)
+            validated = self._stamp(validated, reserved)
         rows: list[Row] = []
         async with connection.cursor() as cursor:
             async with cursor.copy(self._queries["copy_messages"]) as copy:

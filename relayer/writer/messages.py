@@ -13,12 +13,12 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from uuid import UUID
 
 from relayer.errors import InvalidMessageError, Shown
 from relayer.lanes import UNORDERED_LANE, lane_for
 from relayer.observability.tracing import with_trace_context
 from relayer.settings import StoreSettings
+from relayer.store.outbox import EncodedJson, Fields
 from relayer.transports.base import MESSAGE_ID_HEADER, ORDERING_KEY_HEADER, SEQUENCE_HEADER
 from relayer.writer.sequences import stamped_json
 
@@ -32,21 +32,7 @@ _STAMPED_HEADERS = {
 }
 
 
-class EncodedJson:
-    """JSON text encoded once in Python and sent to a jsonb column as is (the gateway's
-    dumpers, relayer.store.outbox, send its bytes)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-
 _NO_HEADERS = EncodedJson(b"{}")
-
-# A validated message without its id: (lane, key, transport, destination, body, headers, due).
-Fields = tuple[int, str | None, str | None, str, bytes, EncodedJson, datetime | None]
-Row = tuple[UUID, int, str | None, str | None, str, bytes, EncodedJson, datetime | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,13 @@ from uuid import UUID
 
 from relayer.settings import RelayerSettings, StoreSettings
 from relayer.store.caller import async_connection, sync_connection
-from relayer.store.outbox import OutboxStatements
-from relayer.writer.messages import OutboxMessage, Row, validate, validate_all
+from relayer.store.outbox import OutboxStatements, Row
+from relayer.writer.messages import (
+    OutboxMessage,
+    stamp_sequence_numbers,
+    validate,
+    validate_all,
+)
 
 _SYNC_NAMES = "write / write_many"
 _ASYNC_NAMES = "write_async / write_many_async"
@@ -34,7 +39,7 @@ class Outbox:
 
     def __init__(self, store: StoreSettings) -> None:
         self.store = store
-        self._statements = OutboxStatements(store)
+        self._statements = OutboxStatements(store, stamp_sequence_numbers)
         # Told (conn, ids) after unordered rows were inserted through conn, so that an
         # after-commit dispatcher (relayer.relay.unordered) can send them once the transaction
         # commits.

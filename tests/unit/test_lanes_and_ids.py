@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relayer import fnv1a_32, lane_for, uuid7
+from relayer.ids import uuid7_time_ms
 from relayer.store.relay import lane_bits
-from relayer.writer.ids import uuid7_time_ms
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_uuid7_carries_the_current_millisecond() -> None:
 
 
 def test_uuid7_blocks_interleave_in_order_with_single_ids() -> None:
-    from relayer.writer.ids import uuid7_block
+    from relayer.ids import uuid7_block
 
     sequence = [uuid7(), *uuid7_block(1000), uuid7(), *uuid7_block(3), *uuid7_block(0), uuid7()]
     assert len(sequence) == 1006

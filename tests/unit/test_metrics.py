@@ -7,9 +7,9 @@ from uuid import UUID
 
 import pytest
 
+from relayer.ids import uuid7_time_ms
 from relayer.relay.results import Scan, ScanResult
 from relayer.relay.stats import LATENCY_BUCKETS, SUM_SAMPLE, Histogram, StoreStats
-from relayer.writer.ids import uuid7_time_ms
 
 
 def uuid_at(ms: int, tail: int) -> UUID:

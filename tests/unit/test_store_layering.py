@@ -26,6 +26,7 @@ BELOW_THE_GATEWAY = (
     "relayer.identifiers",
     "relayer.redact",
     "relayer.lanes",
+    "relayer.ids",  # UUIDv7 message ids, made as rows are written
     "relayer.deadlines",
     "relayer.pooler",
     "relayer.tasks",
