@@ -266,11 +266,22 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-# The cycles of main when this test was written (issue 31), the lead's to break: the CLI's
-# package imports its completion command, which builds the CLI's parser (a function-level
-# import of relayer.cli).
 def test_no_import_cycle() -> None:
     assert cycles(import_graph(PACKAGE)) == []
+
+
+def test_the_library_imports_nothing_from_the_cli() -> None:
+    """The CLI is a thin layer over the library: the dashboard, and every other package, take
+    nothing from it (what both need lives in the library, e.g. relayer.operations)."""
+    graph = import_graph(PACKAGE)
+    found = sorted(
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        if not module.startswith("relayer.cli") and module != "relayer.__main__"
+        for imported in imports
+        if imported.startswith("relayer.cli")
+    )
+    assert found == []
 
 
 # -- the checks themselves ---------------------------------------------------------------------
