@@ -76,9 +76,11 @@ class Wakeups:
         self._waking: asyncio.Future[None] | None = None
         self._wake_again = False
         self._wake_fully = False  # a wake-up other than the fallback poll is waiting
-        # Consecutive polls that found no row: while LISTEN wakes the store, an idle store's
-        # fallback poll waits twice as long after each (idle_poll_wait).
+        # Consecutive polls that found no row: while every commit is sure to wake the store, an
+        # idle store's fallback poll waits twice as long after each (idle_poll_wait).
         self._idle_polls = 0
+        self._reliable_wakeups = store.notify == "in_transaction" and database.listener is not None
+        self.polls = 0  # fallback polls so far (tests and diagnostics)
 
     def lanes_changed(self, lanes: frozenset[int]) -> None:
         """The member's share changed: polls start short again, and windows opened by lanes
@@ -166,11 +168,15 @@ class Wakeups:
     def idle_poll_wait(self) -> float:
         """How long the fallback poll waits now: poll_interval, doubled after each poll in a
         row that found no lane to wake (no row, or rows only in lanes whose scan is waiting or
-        running already), up to IDLE_POLL_MAX (at most lease_duration / 3), while a
-        LISTEN connection wakes the store (a writer's notification, a lane change or a
-        reconnect sets it back). Without LISTEN the poll is the only wake-up: no doubling."""
+        running already), up to IDLE_POLL_MAX (at most lease_duration / 3), while every
+        committed row is sure to wake the store: writers notify in their transaction
+        (``notify = "in_transaction"``) and a LISTEN connection hears them (a writer's
+        notification, a lane change or a reconnect sets it back). A wake-up sent after the
+        commit (``after_commit``) can be lost with the writer's process, and without LISTEN or
+        notifications the poll is the only wake-up: then it waits poll_interval, never longer,
+        so a lost wake-up delays a row by at most that."""
         poll = self.poll_interval
-        if self.database.listener is None or not self._idle_polls:
+        if not self._reliable_wakeups or not self._idle_polls:
             return poll
         return min(poll * (1 << min(self._idle_polls, 16)), self.longest_poll)
 
@@ -185,7 +191,10 @@ class Wakeups:
             with contextlib.suppress(TimeoutError):
                 wait = next_tick(self.idle_poll_wait(), self.schedule.now())
                 await asyncio.wait_for(stop.wait(), wait)
-            if not stop.is_set() and not self.schedule.every_lane_queued():
+            if stop.is_set():
+                break
+            self.polls += 1
+            if not self.schedule.every_lane_queued():
                 self.wake_all(fallback=True)
             tick()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -55,6 +55,27 @@ MIN_DESTRUCTIVE_RETENTION = timedelta(hours=1)
 MAX_WAKE_LINGER = timedelta(seconds=1)
 
 
+# How a store's workers learn that rows were written (docs/configuration.md#wake-ups).
+Notify = Literal["after_commit", "in_transaction", "off"]
+NOTIFY_MODES: tuple[Notify, ...] = ("after_commit", "in_transaction", "off")
+NOTIFY_RULE = (
+    "must be 'after_commit' (the workers are woken right after the application's commit, by a "
+    "connection of relayer's own: the default), 'in_transaction' (a NOTIFY in the application's "
+    "transaction, which serializes its commits) or 'off' (the workers find rows by polling)"
+)
+
+
+def check_notify(value: object) -> object:
+    """``notify``'s value: one of NOTIFY_MODES; true is the default mode, false is 'off'."""
+    if value is True:
+        return "after_commit"
+    if value is False:
+        return "off"
+    if value in NOTIFY_MODES:
+        return value
+    raise ValueError(NOTIFY_RULE)
+
+
 class TransportSettings(BaseModel):
     """One named transport of a store: its ``type`` and the options its factory accepts.
 
@@ -98,7 +119,7 @@ class StoreSettings(BaseModel):
     retry_backoff: Duration = timedelta(seconds=1)
     retry_backoff_max: Duration = timedelta(minutes=5)
     max_body_bytes: Count = 16 * 1024 * 1024
-    notify: bool = True
+    notify: Annotated[Notify, BeforeValidator(check_notify)] = "after_commit"
     # Wake-ups (writers' notifications) that arrive within this window are served together:
     # one probe-free pass and shared batch transactions instead of one each (0: at once).
     wake_linger: Duration = timedelta(milliseconds=3)

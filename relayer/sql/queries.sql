@@ -64,3 +64,10 @@ SELECT pg_catalog.pg_notify(%s, '')
 -- name: notify_lanes
 SELECT pg_catalog.pg_notify(%s, lane::pg_catalog.text)
 FROM pg_catalog.unnest(%s::pg_catalog.int4[]) AS lane
+
+-- name: notify_channels
+-- The after-commit wake-ups of several stores of one database: a channel and a payload each
+-- (a lane's number, or empty: every lane).
+SELECT pg_catalog.pg_notify(wake.channel, wake.payload)
+FROM ROWS FROM (pg_catalog.unnest(%s::pg_catalog.text[]), pg_catalog.unnest(%s::pg_catalog.text[]))
+    AS wake (channel, payload)

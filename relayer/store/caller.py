@@ -18,6 +18,8 @@ from psycopg.pq import TransactionStatus
 
 from relayer.errors import UsageError
 
+# A statement in flight, or a transaction not ended yet.
+_OPEN = (TransactionStatus.ACTIVE, TransactionStatus.INTRANS, TransactionStatus.INERROR)
 _IN_TRANSACTION = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
 
@@ -128,6 +130,29 @@ def in_transaction(conn: Any) -> bool:
     if isinstance(conn, psycopg.Connection | psycopg.AsyncConnection):
         return conn.info.transaction_status in _IN_TRANSACTION
     return False
+
+
+def transaction_ended(conn: psycopg.Connection[Any] | None) -> bool | None:
+    """Whether the transaction a synchronous connection was in has ended (committed, rolled
+    back, or the connection closed), looked at from another thread: None when the connection
+    is in use right now (its own lock is taken without blocking, so a statement in flight is
+    never disturbed: look again later)."""
+    if conn is None or conn.closed:
+        return True
+    if not conn.lock.acquire(blocking=False):
+        return None
+    try:
+        return conn.info.transaction_status not in _OPEN
+    finally:
+        conn.lock.release()
+
+
+def transaction_ended_async(conn: psycopg.AsyncConnection[Any] | None) -> bool:
+    """``transaction_ended`` for an asynchronous connection, asked on its own event loop: a
+    statement in flight counts as an open transaction."""
+    if conn is None or conn.closed:
+        return True
+    return not conn.lock.locked() and conn.info.transaction_status not in _OPEN
 
 
 def connection_of(wrapper: Any) -> psycopg.Connection[Any]:

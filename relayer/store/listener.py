@@ -182,3 +182,8 @@ async def receive(conn: Connection, seconds: float, deliver: Callable[[str, str]
                     await lost
         finally:
             loop.remove_reader(socket)
+            # Lost just as the bound ran out (or the task was cancelled): the error is taken
+            # here, so that it is raised below instead of being reported as never retrieved.
+            error = lost.exception() if lost.done() and not lost.cancelled() else None
+    if error is not None:
+        raise error

@@ -99,6 +99,9 @@ class OutboxStatements:
         self._stamp = stamp
         self._queries = queries_for(store.names)
         self._channel = store.names.notify_channel
+        # A NOTIFY in the application's transaction (the other modes wake after the commit,
+        # relayer.writer.waker, or not at all).
+        self._in_transaction = store.notify == "in_transaction"
         self._insert = self._queries["insert_message"]
         self._insert_notify = self._queries["insert_message_notify"]
         self._reserve = self._queries["reserve_sequences"]
@@ -224,12 +227,13 @@ class OutboxStatements:
     # -- the statements --------------------------------------------------------------------
 
     def _wakes_workers(self, rows: Sequence[Row]) -> bool:
-        """Only ordered rows wake the workers; unordered ones are sent after the commit."""
-        return self.store.notify and any(row[1] != UNORDERED_LANE for row in rows)
+        """Whether the transaction itself notifies (``notify = "in_transaction"``): only
+        ordered rows wake the workers; unordered ones are sent after the commit."""
+        return self._in_transaction and any(row[1] != UNORDERED_LANE for row in rows)
 
     def _insert_statement(self, row: Row) -> tuple[str, Sequence[object]]:
         # _wakes_workers for one row, without a list and a generator on the hot path.
-        if self.store.notify and row[1] != UNORDERED_LANE:
+        if self._in_transaction and row[1] != UNORDERED_LANE:
             return self._insert_notify, (*row, self._channel, str(row[1]))
         return self._insert, row
 

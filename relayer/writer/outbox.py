@@ -15,8 +15,10 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from relayer.lanes import UNORDERED_LANE
 from relayer.settings import RelayerSettings, StoreSettings
 from relayer.store.caller import async_connection, sync_connection
+from relayer.store.notifier import Wake
 from relayer.store.outbox import OutboxStatements, Row
 from relayer.writer.messages import (
     OutboxMessage,
@@ -24,6 +26,7 @@ from relayer.writer.messages import (
     validate,
     validate_all,
 )
+from relayer.writer.waker import Waker, waker_for
 
 _SYNC_NAMES = "write / write_many"
 _ASYNC_NAMES = "write_async / write_many_async"
@@ -44,6 +47,25 @@ class Outbox:
         # after-commit dispatcher (relayer.relay.unordered) can send them once the transaction
         # commits.
         self.on_unordered: Callable[[Any, list[UUID]], None] | None = None
+        # notify = "after_commit": the workers are woken after the caller's commit, from a
+        # connection of relayer's own to the store's database (relayer.writer.waker, one per
+        # process and database), started on the first write.
+        self._wakes_after_commit = store.notify == "after_commit"
+        self._channel = store.names.notify_channel
+        self._waker: Waker | None = None
+
+    @property
+    def waker(self) -> Waker:
+        """What wakes the workers after the caller's commits (``notify = "after_commit"``)."""
+        if self._waker is None:
+            self._waker = waker_for(self.store)
+        return self._waker
+
+    def flush(self) -> None:
+        """Send now the wake-ups of the transactions that have ended (they go out within about
+        a millisecond anyway; a process about to exit sends what waits on its own)."""
+        if self._waker is not None:
+            self._waker.flush()
 
     @classmethod
     def from_settings(cls, settings: RelayerSettings, store: str) -> Outbox:
@@ -78,6 +100,8 @@ class Outbox:
         )
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         row = self._statements.insert(connection, fields)
+        if self._wakes_after_commit and row[1] != UNORDERED_LANE:
+            self.waker.written(connection, {(self._channel, row[1])})
         self._remember_unordered(conn, [row])
         return row[0]
 
@@ -88,6 +112,10 @@ class Outbox:
             return []
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         rows = self._statements.insert_many(connection, validated)
+        if self._wakes_after_commit:
+            lanes = self._ordered_lanes(rows)
+            if lanes:
+                self.waker.written(connection, lanes)
         self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
 
@@ -110,6 +138,8 @@ class Outbox:
         )
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         row = await self._statements.insert_async(connection, fields)
+        if self._wakes_after_commit and row[1] != UNORDERED_LANE:
+            self.waker.written_async(connection, {(self._channel, row[1])})
         self._remember_unordered(conn, [row])
         return row[0]
 
@@ -120,5 +150,14 @@ class Outbox:
             return []
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         rows = await self._statements.insert_many_async(connection, validated)
+        if self._wakes_after_commit:
+            lanes = self._ordered_lanes(rows)
+            if lanes:
+                self.waker.written_async(connection, lanes)
         self._remember_unordered(conn, rows)
         return [row[0] for row in rows]
+
+    def _ordered_lanes(self, rows: Sequence[Row]) -> set[Wake]:
+        """The wake-ups of the ordered rows of ``rows`` (unordered ones wake no worker)."""
+        channel = self._channel
+        return {(channel, row[1]) for row in rows if row[1] != UNORDERED_LANE}

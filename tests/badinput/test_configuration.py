@@ -85,9 +85,11 @@ CASES: list[tuple[CliCase, str]] = [
         "stores.orders.unordered_grace: '2d' is invalid: must be from 0 seconds to 1 day",
     ),
     (
-        CliCase("notify-not-a-boolean", PRINT, {STORE + "NOTIFY": "maybe"}),
-        "stores.orders.notify: 'maybe' is invalid: Input should be a valid boolean, unable to "
-        "interpret input",
+        CliCase("notify-not-a-mode", PRINT, {STORE + "NOTIFY": "maybe"}),
+        "stores.orders.notify: 'maybe' is invalid: must be 'after_commit' (the workers are "
+        "woken right after the application's commit, by a connection of relayer's own: the "
+        "default), 'in_transaction' (a NOTIFY in the application's transaction, which "
+        "serializes its commits) or 'off' (the workers find rows by polling)",
     ),
     (
         CliCase("default-transport-not-configured", PRINT, {STORE + "DEFAULT_TRANSPORT": "kafka"}),

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from relayer import Outbox, OutboxMessage
+from relayer import Outbox, OutboxMessage, lane_for
 from relayer.errors import UsageError
 from relayer.operations import schema
 from relayer.settings import StoreSettings
@@ -137,7 +137,7 @@ def place(outbox: Outbox, order: str, conn: Any = connection) -> None:
 def test_a_row_written_in_atomic_commits_with_the_block_and_notifies_on_commit(
     store: StoreSettings, listener: Listener
 ) -> None:
-    outbox = Outbox(store)
+    outbox = Outbox(store.model_copy(update={"notify": "in_transaction"}))
     with transaction.atomic():
         place(outbox, "o-1")
         assert outbox_bodies(store) == []  # not visible to others before the commit
@@ -146,10 +146,28 @@ def test_a_row_written_in_atomic_commits_with_the_block_and_notifies_on_commit(
     assert len(listener.until_marker()) == 1  # delivered with the commit
 
 
+def test_the_default_wakes_the_workers_once_the_block_has_committed(
+    store: StoreSettings, listener: Listener
+) -> None:
+    """notify = "after_commit": the waker sees Django's connection leave its transaction and
+    wakes the row's lane from its own connection."""
+    assert store.notify == "after_commit"
+    outbox = Outbox(store)
+    with transaction.atomic():
+        place(outbox, "o-6")
+        assert outbox_bodies(store) == []
+    outbox.flush()  # the waker's next look, done: the block has ended
+    # Once, or twice if the block stayed open past the waker's HOLD (woken then, and again at
+    # its end).
+    assert set(listener.until_marker()) == {str(lane_for("o-6", store.lanes))}
+
+
 def test_a_rolled_back_block_leaves_neither_the_order_nor_the_row_nor_a_notification(
     store: StoreSettings, listener: Listener
 ) -> None:
-    outbox = Outbox(store)
+    # The NOTIFY is the transaction's own with notify = "in_transaction"; after_commit's waker
+    # cannot tell a rollback from a commit, and its wake-up then costs the workers one probe.
+    outbox = Outbox(store.model_copy(update={"notify": "in_transaction"}))
     with pytest.raises(RuntimeError, match="payment declined"), transaction.atomic():
         place(outbox, "o-2", connections["default"])
         raise RuntimeError("payment declined")

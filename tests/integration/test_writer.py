@@ -1,5 +1,6 @@
 import asyncio
 import select
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -253,6 +254,8 @@ def test_lane_count_is_checked_once_per_outbox(store: StoreSettings) -> None:
 
 
 def test_one_notification_per_transaction_and_lane_wakes_listeners(store: StoreSettings) -> None:
+    """notify = "in_transaction": the NOTIFY is the transaction's own, sent on commit only."""
+    store = store.model_copy(update={"notify": "in_transaction"})
     dsn = store.require_dsn()
     outbox = Outbox(store)
     keys = ["k0", "k1", "k2", "k0", "k1", "k1"]
@@ -273,19 +276,124 @@ def test_one_notification_per_transaction_and_lane_wakes_listeners(store: StoreS
         assert list(listener.notifies(timeout=0.3)) == []
 
 
-def test_a_batch_over_many_lanes_sends_one_notification_for_all(store: StoreSettings) -> None:
+@pytest.mark.parametrize("notify", ["in_transaction", "after_commit"])
+def test_a_batch_over_many_lanes_sends_one_notification_for_all(
+    store: StoreSettings, notify: str
+) -> None:
+    """One empty payload (every lane) instead of 64; after the commit, the same payload may
+    come twice (once while the COPY runs past HOLD, once at the end)."""
     dsn = store.require_dsn()
-    wide = make_store(dsn, lanes=64)
+    wide = make_store(dsn, lanes=64, notify=notify)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM orders_meta")  # re-record: an empty outbox, 64 lanes now
     asyncio.run(apply_schema(wide))
     messages = [OutboxMessage("d", b"x", key=f"key-{index}") for index in range(400)]
     with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn) as writer:
         listener.execute(f'LISTEN "{store.names.notify_channel}"')
-        Outbox(wide).write_many(writer, messages)
+        outbox = Outbox(wide)
+        outbox.write_many(writer, messages)
         writer.commit()
+        outbox.flush()  # its wake-ups are sent by now
         select.select([listener.fileno()], [], [], 5)
-        assert [notice.payload for notice in listener.notifies(timeout=0.5)] == [""]
+        payloads = {notice.payload for notice in listener.notifies(timeout=0.5)}
+        assert payloads == {""}
+
+
+def test_after_commit_notifications_wake_each_lane_written_once_committed(
+    store: StoreSettings,
+) -> None:
+    """The default, notify = "after_commit": the application's transaction sends no NOTIFY
+    (its statements are the plain ones); relayer's own connection wakes the lanes written once
+    the transaction has ended (a rollback too: the workers' probe then finds nothing)."""
+    assert store.notify == "after_commit"
+    dsn = store.require_dsn()
+    outbox = Outbox(store)
+    keys = ["k0", "k1", "k2", "k0"]
+    try:
+        with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn) as writer:
+            listener.execute(f'LISTEN "{store.names.notify_channel}"')
+            for key in keys:
+                outbox.write(writer, destination="d", body=b"x", key=key)
+            outbox.write_many(writer, [OutboxMessage("d", b"y", key="k3")])
+            writer.commit()
+            lanes = {str(lane_for(key, store.lanes)) for key in [*keys, "k3"]}
+            received: set[str] = set()
+            for notice in listener.notifies(timeout=30):
+                received.add(notice.payload)
+                if received >= lanes:
+                    break
+            assert received == lanes
+    finally:
+        outbox.flush()
+
+
+def test_stores_of_one_database_share_one_waker_connection(store: StoreSettings) -> None:
+    """Two stores of one database written in one transaction: each store's channel hears its
+    own lane, and the process keeps one waker connection to that database, not one a store."""
+    other = make_store(store.require_dsn(), name="second", table_prefix="second_", lanes=8)
+    asyncio.run(apply_schema(other))
+    dsn = store.require_dsn()
+    first, second = Outbox(store), Outbox(other)
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn) as writer:
+        for channel in (store.names.notify_channel, other.names.notify_channel):
+            listener.execute(f'LISTEN "{channel}"')
+        first.write(writer, destination="d", body=b"x", key="a")
+        second.write(writer, destination="d", body=b"y", key="b")
+        writer.commit()
+        expected = {
+            (store.names.notify_channel, str(lane_for("a", store.lanes))),
+            (other.names.notify_channel, str(lane_for("b", other.lanes))),
+        }
+        received: set[tuple[str, str]] = set()
+        for notice in listener.notifies(timeout=30):
+            received.add((notice.channel, notice.payload))
+            if received >= expected:
+                break
+        assert received == expected
+        assert first.waker is second.waker
+        database = listener.info.dbname
+        row = listener.execute(
+            "SELECT count(*) FROM pg_catalog.pg_stat_activity "
+            "WHERE datname = %s AND application_name = 'relayer:waker'",
+            (database,),
+        ).fetchone()
+        assert row == (1,)
+
+
+def test_after_commit_statements_carry_no_notify(store: StoreSettings) -> None:
+    """What the application's transaction runs in the default mode: the insert alone."""
+    from relayer.store.outbox import OutboxStatements
+    from relayer.writer.messages import stamp_sequence_numbers
+
+    statements = OutboxStatements(store, stamp_sequence_numbers)
+    row = (uuid.uuid4(), 3, "k", None, "d", b"x", None, None)
+    statement, parameters = statements._insert_statement(row)  # type: ignore[arg-type]
+    assert "pg_notify" not in statement and parameters == row
+    assert not statements._wakes_workers([row])  # type: ignore[list-item]
+    notifying = OutboxStatements(
+        store.model_copy(update={"notify": "in_transaction"}), stamp_sequence_numbers
+    )
+    assert "pg_notify" in notifying._insert_statement(row)[0]  # type: ignore[arg-type]
+
+
+async def test_after_commit_wakes_lanes_written_through_an_async_connection(
+    store: StoreSettings,
+) -> None:
+    dsn = store.require_dsn()
+    outbox = Outbox(store)
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+            await listener.execute(f'LISTEN "{store.names.notify_channel}"')
+            async with await psycopg.AsyncConnection.connect(dsn) as writer:
+                await outbox.write_async(writer, destination="d", body=b"x", key="k0")
+                await writer.commit()
+            lane = str(lane_for("k0", store.lanes))
+            async with asyncio.timeout(30):
+                async for notice in listener.notifies():
+                    if notice.payload == lane:
+                        break
+    finally:
+        outbox.flush()
 
 
 def test_notify_can_be_turned_off(store: StoreSettings) -> None:
