@@ -385,7 +385,8 @@ def floor_steady(options: dict[str, Any]) -> None:
                     break
                 pgconn.consume_input()
                 while (notice := pgconn.notifies()) is not None:
-                    woken.add(int(notice.extra))
+                    # A lane's number, or empty: every lane (a wake-up of many lanes).
+                    woken.update([int(notice.extra)] if notice.extra else every_lane)
                 if not woken:
                     continue
                 lanes = sorted(woken)

@@ -102,7 +102,6 @@ def write_config(
         f'schema = "{store.db_schema}"',
         f'table_prefix = "{store.table_prefix}"',
         f"lanes = {store.lanes}",
-        "notify = true",
         'default_transport = "broker"',
         *store_options,
         f'[stores."{store.name}".transports.broker]',
@@ -192,9 +191,17 @@ class WorkerProcess:
     """A worker in a process of its own, its log in a file; ready once it logs "serving"
     (within ``start_within`` seconds)."""
 
-    def __init__(self, command: list[str], folder: str, *, start_within: float = 60) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        folder: str,
+        *,
+        start_within: float = 60,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.command = command
         self.start_within = start_within
+        self.env = env  # added to child_environment()
         self.log = Path(folder) / "worker.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -215,7 +222,7 @@ class WorkerProcess:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 self.command,
-                env=child_environment(),
+                env={**child_environment(), **(self.env or {})},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -15,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from bench.ack_plugin import ENTRY_POINT, register
 from bench.common import scratch_schema
 from bench.cpu import Meter, Window, cold_work
 from bench.efficiency_children import BARE_ACK_EVERY, WRITER_CONNECTIONS, WRITER_PROCESSES
@@ -138,22 +140,15 @@ async def steady(environment: Environment, transport: str) -> None:
         store = await applied(
             make_store(environment.dsn, schema_name, options, notify=True, name=schema_name)
         )
-        config = write_config(store, options, folder, environment.arguments.store_options)
         acks = Path(folder) / "acks.json"
-        worker_options = {
-            "config": config,
-            "store": store.name,
-            "acks": str(acks),
-            "every": ACK_SAMPLE,
-        }
-        command = [sys.executable, str(CHILDREN), "worker", json.dumps(worker_options)]
+        command, env, config = steady_worker(run, store, options, folder, acks)
         counter = run.counter(folder, "worker")
         if counter is not None:
             command = counter.prefix() + command
         async with (
             destination(environment, transport) as target,
             await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
-            WorkerProcess(command, folder, start_within=run.start_within()) as worker,
+            WorkerProcess(command, folder, start_within=run.start_within(), env=env) as worker,
         ):
             window, opened, closed, committed, counted = await run.run(
                 store, config, folder, target, worker, backends_of(monitor, store.name), counter
@@ -182,6 +177,29 @@ async def steady(environment: Environment, transport: str) -> None:
         for tick in environment.arguments.least_ticks:
             await steady_bare_kafka(environment, tick=tick / 1000)
     print_cold_work()
+
+
+def steady_worker(
+    run: Steady, store: Any, options: dict[str, Any], folder: str, acks: Path
+) -> tuple[list[str], dict[str, str], str]:
+    """The steady mode's worker: its command, the environment it adds, its TOML. To Kafka,
+    ``relayer run`` itself (``python -m relayer --config FILE run STORE``) with the Kafka
+    transport wrapped by the bench.ack_plugin plug-in, which times one acknowledgement in
+    ACK_SAMPLE; to the others, relayer.worker.Worker built from the same TOML
+    (efficiency_children.worker), its transports wrapped the same way."""
+    store_options = run.environment.arguments.store_options
+    config = write_config(store, options, folder, store_options)  # the writers' too
+    if options.get("type") != "kafka":
+        child = {"config": config, "store": store.name, "acks": str(acks), "every": ACK_SAMPLE}
+        return [sys.executable, str(CHILDREN), "worker", json.dumps(child)], {}, config
+    plugged = {**options, "type": ENTRY_POINT, "acks_file": str(acks), "every": ACK_SAMPLE}
+    own = Path(folder) / "worker"
+    own.mkdir()
+    worker_config = write_config(store, plugged, str(own), store_options)
+    root = str(Path(__file__).resolve().parents[1])
+    plugins = register(str(Path(folder) / "plugins"))
+    command = [sys.executable, "-m", "relayer", "--config", worker_config, "run", store.name]
+    return command, {"PYTHONPATH": os.pathsep.join((plugins, root))}, config
 
 
 COLD_GAPS = (0.0, 0.001, 0.005)
@@ -449,20 +467,32 @@ def print_steady(
     if batching and batching["transactions"] and batching["sent"]:
         transactions, sent = batching["transactions"], batching["sent"]
         main = window.group("worker") * 1e6 / messages
+        lanes = batching.get("lane_batches")
+        each = (
+            f"{sent / transactions:.1f} rows and {lanes / transactions:.1f} lanes a transaction"
+            if lanes is not None
+            else f"{sent / transactions:.1f} rows a batch"
+        )
+        unit = "batch transactions" if lanes is not None else "publish_batch calls (batches)"
         print(
-            f"- the worker sent {sent:,} rows in {transactions:,} batch transactions over the "
-            f"whole run ({sent / transactions:.1f} rows and "
-            f"{batching['lane_batches'] / transactions:.1f} lanes a transaction): its main "
-            f"thread spent about {main * sent / transactions:,.0f} µs a transaction (fewer "
-            "rows a transaction, as when acknowledgements come sooner, cost more a message)"
+            f"- the worker sent {sent:,} rows in {transactions:,} {unit} over the whole run "
+            f"({each}): its main thread spent about {main * sent / transactions:,.0f} µs a "
+            "batch (fewer rows a batch, as when acknowledgements come sooner, cost more a "
+            "message)"
         )
     for group, count in window.vanished.items():
         print(f"- {count} {group} thread(s)/backend(s) exited mid-window (CPU to last sample)")
     latencies = latencies_of(committed, sampled, opened)
     how = (
         f"measured by a SampledAckClock around the worker's transports (1 message in "
-        f"{ACK_SAMPLE}); the worker here is relayer.worker.Worker built from the same TOML "
-        "by bench/efficiency_children.py, not the CLI (with the CLI's collector settings)"
+        f"{ACK_SAMPLE}); "
+        + (
+            "the worker is `relayer run` itself, its Kafka transport wrapped by the "
+            "bench.ack_plugin transport plug-in"
+            if transport == "kafka"
+            else "the worker here is relayer.worker.Worker built from the same TOML by "
+            "bench/efficiency_children.py, not the CLI (with the CLI's collector settings)"
+        )
     )
     if len(latencies) < 2:
         print(

@@ -164,6 +164,7 @@ batch_size = {args.batch_size}
 table_prefix = "{TABLE_PREFIX}"
 default_transport = "memory"
 discover_interval = "60s"
+notify = "{args.notify}"
 
 [templates.tenants.discovery]
 file = "{listing}"
@@ -470,6 +471,12 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=8, help="worker.pool_size")
     parser.add_argument(
         "--max-connections", type=int, default=20, help="worker.max_connections (0: unset)"
+    )
+    parser.add_argument(
+        "--notify",
+        choices=("after_commit", "in_transaction", "off"),
+        default="after_commit",
+        help="the stores' wake-up mode (the idle figures depend on it)",
     )
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--idle-settle", type=float, default=90.0)

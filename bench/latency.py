@@ -1,13 +1,18 @@
 """Commit-to-acknowledgement latency at a steady write rate.
 
     python bench/latency.py [--rate 1000] [--seconds 20] [--transport memory|kafka]
-                            [--kafka-option linger.ms=1 ...]
+                            [--kafka-option linger.ms=1 ...] [--notify MODE] [--idle N]
 
 A writer process commits one outbox row per transaction at ``--rate`` rows/s (spread over a
 few connections) and records each row's commit time. One worker in this process relays them;
 a thin wrapper around its transport records when the broker acknowledged each message. The
 latency of a row is acknowledgement time minus commit time (both wall clock on this machine).
 Prints p50/p90/p99/max after a warm-up. Never asserts on time.
+
+``--idle N``: idle to first delivery instead. One writer process commits N single rows, one at a
+time, each after a pause of 0.3-1 s in which the row before it was delivered and the worker had
+nothing to do (nothing pending, no scan running): how soon a lone write reaches the broker with
+the store's wake-up (``--notify``, the store setting; default after_commit).
 """
 
 from __future__ import annotations
@@ -128,6 +133,24 @@ def write_steadily(
     Path(out).write_text(json.dumps(committed))
 
 
+def write_idly(store: StoreSettings, destination: str, count: int, out: str) -> None:
+    """One writer connection: ``count`` transactions of one row, 0.3-1 s apart."""
+    import random
+
+    outbox = Outbox(store)
+    pauses = random.Random(count)
+    committed: dict[str, float] = {}
+    with psycopg.connect(store.require_dsn()) as conn:
+        for number in range(count):
+            time.sleep(pauses.uniform(0.3, 1.0))
+            message_id = outbox.write(
+                conn, destination=destination, body=b"x" * 200, key=f"key-{number % 250}"
+            )
+            conn.commit()
+            committed[str(message_id)] = time.time()
+    Path(out).write_text(json.dumps(committed))
+
+
 async def measure(
     store: StoreSettings, transport: Transport, arguments: argparse.Namespace
 ) -> None:
@@ -139,47 +162,74 @@ async def measure(
     await asyncio.sleep(1)  # membership settled, lanes scheduled
     with tempfile.TemporaryDirectory() as folder:
         context = multiprocessing.get_context("spawn")
+        idle = arguments.idle
+        writers = 1 if idle else WRITERS
         processes = [
             context.Process(
-                target=write_steadily,
-                args=(
-                    store,
-                    arguments.destination,
-                    arguments.rate,
-                    arguments.seconds,
-                    f"{folder}/{index}.json",
-                    index,
-                ),
+                target=write_idly,
+                args=(store, arguments.destination, idle, f"{folder}/0.json"),
             )
-            for index in range(WRITERS)
         ]
+        if not idle:
+            processes = [
+                context.Process(
+                    target=write_steadily,
+                    args=(
+                        store,
+                        arguments.destination,
+                        arguments.rate,
+                        arguments.seconds,
+                        f"{folder}/{index}.json",
+                        index,
+                    ),
+                )
+                for index in range(WRITERS)
+            ]
         for process in processes:
             process.start()
         while any(process.is_alive() for process in processes):
             await asyncio.sleep(0.2)
         await asyncio.sleep(2)  # the last rows' acknowledgements
         committed: dict[str, float] = {}
-        for index in range(WRITERS):
+        for index in range(writers):
             text = await asyncio.to_thread(Path(f"{folder}/{index}.json").read_text)
             committed.update(json.loads(text))
     stop.set()
     await task
     stats = worker.stores[store.name].relay.stats
-    warm_up = min(committed.values()) + 2.0
+    first = min(committed.values())
+    # Idle: the first row is left out (the writer's process opens its waker's connection for
+    # it) and shown apart; steady: the first 2 s.
+    warm_up = first + (0.001 if idle else 2.0)
+    if idle:
+        first_id = min(committed, key=committed.__getitem__)
+        if first_id in clock.acked:
+            print(
+                f"the writer process's first row: {(clock.acked[first_id] - first) * 1000:.1f} "
+                "ms (left out below: it opens the waker's connection)"
+            )
     latencies = sorted(
         (clock.acked[message_id] - at) * 1000
         for message_id, at in committed.items()
         if at >= warm_up and message_id in clock.acked
     )
     missing = sum(1 for message_id in committed if message_id not in clock.acked)
-    rate = len(committed) / arguments.seconds
-    print(
-        f"{len(committed):,} rows at {rate:,.0f} rows/s over {arguments.seconds:g} s "
-        f"({WRITERS} writer connections, one row per transaction), {missing} not acknowledged"
-    )
+    if idle:
+        print(
+            f"{len(committed):,} lone rows, each committed 0.3-1 s after the one before "
+            f"(notify = {store.notify!r}), {missing} not acknowledged"
+        )
+    else:
+        rate = len(committed) / arguments.seconds
+        print(
+            f"{len(committed):,} rows at {rate:,.0f} rows/s over {arguments.seconds:g} s "
+            f"({WRITERS} writer connections, one row per transaction), {missing} not "
+            "acknowledged"
+        )
     quantiles = statistics.quantiles(latencies, n=100)
     print(
-        f"commit-to-ack latency ({arguments.transport}): p50 {quantiles[49]:.2f} ms, "
+        f"{'idle to first delivery' if idle else 'commit-to-ack latency'} "
+        f"({arguments.transport}): p50 {quantiles[49]:.2f} ms, "
         f"p90 {quantiles[89]:.2f} ms, p99 {quantiles[98]:.2f} ms, max {latencies[-1]:.2f} ms"
     )
     transactions = stats.batch_seconds.count
@@ -204,6 +254,7 @@ async def main_async(arguments: argparse.Namespace) -> None:
                     lanes=arguments.lanes,
                     transports={"broker": {"type": "memory"}},
                     default_transport="broker",
+                    notify=arguments.notify,
                 )
             )
             if arguments.transport == "kafka":
@@ -240,6 +291,12 @@ def main() -> None:
         default=[],
         metavar="NAME=VALUE",
         help="a librdkafka setting for the transport (repeatable), e.g. linger.ms=1",
+    )
+    parser.add_argument(
+        "--notify", choices=("after_commit", "in_transaction", "off"), default="after_commit"
+    )
+    parser.add_argument(
+        "--idle", type=int, default=0, metavar="N", help="idle to first delivery: N lone rows"
     )
     asyncio.run(main_async(parser.parse_args()))
 
