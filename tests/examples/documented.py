@@ -12,19 +12,21 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+# A fenced block, at the start of a line or indented as one in a list item.
+_FENCE = re.compile(r"^( *)```(\w*)\n(.*?)^\1```", re.MULTILINE | re.DOTALL)
 
 
 def code_block(document: Path, language: str, containing: str) -> str:
-    """The one ``language`` block of ``document`` that contains ``containing``."""
+    """The one ``language`` block of ``document`` that contains ``containing`` (dedented)."""
     blocks = [
-        body
-        for found, body in _FENCE.findall(document.read_text())
+        textwrap.dedent(body)
+        for _, found, body in _FENCE.findall(document.read_text())
         if found == language and containing in body
     ]
     assert len(blocks) == 1, f"{document}: {len(blocks)} {language} blocks with {containing!r}"

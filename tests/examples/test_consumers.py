@@ -11,8 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 import kafka_consumer
@@ -25,6 +29,8 @@ from relayer import Claim, Inbox, Outbox, OutboxMessage, Outcome
 from relayer.settings import StoreSettings
 from tests.conftest import apply_schema, make_store
 from tests.contract.brokers import create_topics, unique
+from tests.examples.conftest import EXAMPLES
+from tests.examples.documented import environment, wait_until
 from tests.integration.inbox.test_brokers import consume_kafka_messages, relay, relayed_store
 
 GAP_LOG = (
@@ -84,14 +90,7 @@ async def test_kafka_consumer_invoices_once_and_reports_the_gap(
     billing = await billing_store(pg_dsn)
 
     def run_consumer() -> tuple[list[Claim], list[Any], list[Any]]:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": kafka_bootstrap,
-                "group.id": group,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
+        consumer = Consumer(kafka_consumer.consumer_settings(kafka_bootstrap, group))
         partitions = [TopicPartition(topic, number) for number in (0, 1)]
         consumer.assign(partitions)
         try:
@@ -161,3 +160,36 @@ async def test_rabbitmq_consumer_invoices_once_and_acks_after_commit(
     assert GAP_LOG in caplog.messages
     assert f"message {claim.message_id} was processed before; skipped" in caplog.messages
     assert invoices(pg_dsn) == EXPECTED_INVOICES
+
+
+def test_kafka_consumer_says_what_it_waits_for_before_any_message(
+    tmp_path: Path, pg_dsn: str, kafka_bootstrap: str
+) -> None:
+    """Started before anything is published, the consumer says at once what it consumes, then
+    when its group has assigned it partitions: it used to print nothing until the first message
+    (the group's first assignment alone took 23 s on the embedded broker)."""
+    topic, group = unique("orders"), unique("invoicing")
+    create_topics(kafka_bootstrap, [topic], 2)
+    config = tmp_path / "billing.toml"
+    config.write_text(f'[stores.billing]\ndsn = {json.dumps(pg_dsn)}\nschema = "billing"\n')
+    log = tmp_path / "consumer.log"
+    script = EXAMPLES / "consumers" / "kafka_consumer.py"
+    command = [sys.executable, str(script), "--bootstrap", kafka_bootstrap, "--topic", topic]
+    with log.open("w") as output:
+        consumer = subprocess.Popen(
+            [*command, "--group", group],
+            env=environment(RELAYER_CONFIG=str(config)),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_until(lambda: "partitions assigned: 0, 1" in log.read_text(), "the assignment")
+        finally:
+            consumer.send_signal(signal.SIGTERM)
+            status = consumer.wait(60)
+    lines = log.read_text().splitlines()
+    assert f"consuming {topic} on {kafka_bootstrap} as group {group}" in lines[0]
+    assert "waiting for partitions (Ctrl-C stops)" in lines[0]
+    assert status == 0, lines
+    # The group's first assignment waits up to the session timeout on some brokers.
+    assert kafka_consumer.consumer_settings(kafka_bootstrap, "g")["session.timeout.ms"] <= 10_000

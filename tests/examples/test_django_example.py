@@ -7,11 +7,15 @@ relays; a refused order leaves neither. Run in subprocesses: Django's settings a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import psycopg
+import pytest
+import yaml
+from psycopg.conninfo import conninfo_to_dict
 
 from relayer import load_settings
 from relayer.testing import RecordingTransport, drain, run_sync
@@ -45,9 +49,12 @@ def test_an_order_and_its_event_commit_together_and_a_refused_one_leaves_neither
     documented(EXAMPLE / "README.md", *COMMANDS)
     config = tmp_path / "relayer.toml"
     config.write_text(
-        (EXAMPLE / "relayer.toml")
-        .read_text()
-        .replace("postgresql://postgres@127.0.0.1:5432/postgres", pg_dsn)
+        re.sub(
+            r'^dsn = ".*"$',
+            f"dsn = {json.dumps(pg_dsn)}",
+            (EXAMPLE / "relayer.toml").read_text(),
+            flags=re.MULTILINE,
+        )
     )
     for arguments in (
         ("-m", "relayer", "schema", "apply", "orders"),
@@ -74,3 +81,27 @@ def test_an_order_and_its_event_commit_together_and_a_refused_one_leaves_neither
     assert json.loads(event.body) == {
         "type": "OrderPlaced", "id": 1, "customer": "customer-7", "amount": 30,
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config",
+    ["django_orders/relayer.toml", "fastapi_sqlalchemy/relayer.toml", "consumers/relayer.toml"],
+)
+def test_the_examples_reach_the_database_of_the_compose_file_their_readmes_name(
+    config: str,
+) -> None:
+    """Run as written with `docker compose -f docker/compose.yaml up`, each example uses the
+    database the compose file creates, with its user and password (Django's tables once went
+    to the `postgres` database, and its connection had no password)."""
+    compose = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
+    postgres = compose["services"]["postgres"]
+    environment_ = postgres["environment"]
+    [port] = [mapping.split(":")[-2] for mapping in postgres["ports"]]  # host:port:port
+    for dsn in re.findall(r'^dsn = "(.*)"$', (ROOT / "examples" / config).read_text(), re.M):
+        assert conninfo_to_dict(dsn) == {
+            "host": "127.0.0.1",
+            "port": port,
+            "user": environment_["POSTGRES_USER"],
+            "password": environment_["POSTGRES_PASSWORD"],
+            "dbname": environment_["POSTGRES_DB"],
+        }
