@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from relayer import __version__
 from relayer.cli import (
@@ -49,8 +50,18 @@ COMMANDS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its refusals on one line (docs/cli.md): the error and where the usage is,
+    without the usage block itself. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            EXIT_USAGE, f"{self.prog}: error: {message}; `{self.prog} --help` shows the usage\n"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="relayer",
         description="Transactional-outbox relay: PostgreSQL to brokers, in order per key.",
     )
