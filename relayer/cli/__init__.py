@@ -35,7 +35,13 @@ from relayer.cli.common import (
     Context,
     resolve_environment,
 )
-from relayer.errors import ConfigurationError, RelayerError, SchemaNotAppliedError, UsageError
+from relayer.errors import (
+    ConfigurationError,
+    MissingPrivilegeError,
+    RelayerError,
+    SchemaNotAppliedError,
+    UsageError,
+)
 from relayer.observability.logs import configure, scrub
 
 COMMANDS = (
@@ -95,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         status: int = asyncio.run(arguments.handler(context))
         return status
-    except (ConfigurationError, UsageError, SchemaNotAppliedError) as exc:
+    except (ConfigurationError, UsageError, SchemaNotAppliedError, MissingPrivilegeError) as exc:
         print(f"relayer: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except RelayerError as exc:
