@@ -68,6 +68,11 @@ class SchemaNotAppliedError(StoreError):
     """The store's tables do not exist (yet) in the configured schema."""
 
 
+class MissingPrivilegeError(StoreError):
+    """The role lacks a privilege the command needs; the message says which and what to grant
+    (the CLI exits 2: the command was run as the wrong role)."""
+
+
 class SchemaDriftError(StoreError):
     """The database's tables differ from what this version of relayer expects."""
 

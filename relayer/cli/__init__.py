@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from relayer import __version__
 from relayer.cli import (
@@ -35,7 +36,13 @@ from relayer.cli.common import (
     Context,
     resolve_environment,
 )
-from relayer.errors import ConfigurationError, RelayerError, SchemaNotAppliedError, UsageError
+from relayer.errors import (
+    ConfigurationError,
+    MissingPrivilegeError,
+    RelayerError,
+    SchemaNotAppliedError,
+    UsageError,
+)
 from relayer.observability.logs import configure, scrub
 
 COMMANDS = (
@@ -51,8 +58,18 @@ COMMANDS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its refusals on one line (docs/cli.md): the error and where the usage is,
+    without the usage block itself. Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(
+            EXIT_USAGE, f"{self.prog}: error: {message}; `{self.prog} --help` shows the usage\n"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="relayer",
         description="Transactional-outbox relay: PostgreSQL to brokers, in order per key.",
     )
@@ -86,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         status: int = asyncio.run(arguments.handler(context))
         return status
-    except (ConfigurationError, UsageError, SchemaNotAppliedError) as exc:
+    except (ConfigurationError, UsageError, SchemaNotAppliedError, MissingPrivilegeError) as exc:
         print(f"relayer: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except RelayerError as exc:

@@ -4,7 +4,7 @@ the request may not make is Refused (403)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -74,7 +74,7 @@ def row_id(name: str, value: Any) -> UUID:
 
 
 def moment(name: str, value: str | None) -> datetime | None:
-    """An ISO 8601 time with its UTC offset; None when absent."""
+    """An ISO 8601 time with its UTC offset, in UTC; None when absent."""
     if not value:
         return None
     try:
@@ -83,7 +83,17 @@ def moment(name: str, value: str | None) -> datetime | None:
         raise BadRequest(name, value, "must be an ISO 8601 time") from None
     if found.tzinfo is None:
         raise BadRequest(name, value, "must carry its UTC offset")
-    return found
+    try:
+        return found.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+14:00 is before year 1 in UTC
+        raise BadRequest(name, value, "must be a time from year 1 to 9999 in UTC") from None
+
+
+def without_nul(params: Params) -> None:
+    """Refuse a parameter holding a NUL byte, which no PostgreSQL text can hold."""
+    for name, value in params.multi_items():
+        if "\x00" in name or (isinstance(value, str) and "\x00" in value):
+            raise BadRequest(name, value, "must not contain a NUL byte (%00)")
 
 
 def choice(name: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -3,8 +3,8 @@ sessions.py). Reads are GET; every change is a POST that passes ``Access.actor_o
 (token, same origin, CSRF) and writes an audit row.
 
 Every handler is guarded alike: a foreign Host or a change the request may not make is refused
-(403), a parameter a user got wrong answered 400 and a store that cannot be read 503, each with
-one line.
+(403), a parameter a user got wrong (a NUL byte in any of them too) answered 400 and a store
+that cannot be read 503, each with one line.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from relayer.dashboard import pages, parked_pages, sessions
-from relayer.dashboard.params import BadRequest, Refused
+from relayer.dashboard.params import BadRequest, Refused, without_nul
 from relayer.dashboard.site import Dashboard
 from relayer.errors import ConfigurationError, RelayerError
 from relayer.redact import redact
@@ -68,6 +68,9 @@ def guarded(d: Dashboard, handler: Handler) -> Endpoint:
         if refusal:
             return d.message(request, 403, refusal)
         try:
+            without_nul(request.query_params)
+            if request.method == "POST":
+                without_nul(await request.form())  # read once: the handler gets the same form
             return await handler(d, request)
         except Refused as exc:
             return d.message(request, 403, str(exc))

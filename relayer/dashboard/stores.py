@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from relayer.dashboard.sampler import StoreSampler
 from relayer.dashboard.views import HealthView, health_view
 from relayer.fleet.sources import DiscoveryError
+from relayer.fleet.templates import tables_of
 from relayer.operations.status import TemplateListing, list_template
 from relayer.settings import StoreSettings, TemplateSettings
 from relayer.store.dashboard import DashboardPool
@@ -104,6 +105,8 @@ class Stores:
                 store, interval=interval, refine_interval=refine_interval
             )
         self.configured = tuple(self.contexts)
+        # The configured stores' tables: a template's row using them is skipped, as by a worker.
+        self._taken = {tables_of(store): store.name for store in stores}
         self._on_demand: OrderedDict[str, None] = OrderedDict()  # least recently viewed first
         self._open_lock = asyncio.Lock()
         self._listings: dict[str, tuple[float, TemplateListing]] = {}
@@ -218,6 +221,6 @@ class Stores:
         )
 
     async def _read(self, template: TemplateSettings) -> TemplateListing:
-        listing = await list_template(template)
+        listing = await list_template(template, self._taken)
         self._listings[template.name] = (time.monotonic(), listing)
         return listing

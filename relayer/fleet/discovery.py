@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from relayer.deadlines import Deadlines
 from relayer.dispatch.control import ensure_limit
 from relayer.errors import ConfigurationError, RelayerError, UsageError
-from relayer.fleet.sources import DiscoveryError, Row, read_source
-from relayer.fleet.templates import DiscoveredStore, store_from_row
+from relayer.fleet.sources import DiscoveryError, read_source
+from relayer.fleet.templates import DiscoveredStore, Row, tables_of, validate_rows
 from relayer.observability.throttle import ThrottledLog, shape
 from relayer.redact import redact
 from relayer.settings import TemplateSettings
@@ -201,37 +201,15 @@ class Fleet:
         self, template: TemplateSettings, rows: list[Row], report: Refresh
     ) -> dict[str, DiscoveredStore]:
         """The valid stores of ``rows``, in order; the others are reported and skipped."""
-        found: dict[str, DiscoveredStore] = {}
         # Tables other stores of this worker use (configured, or another template's).
         taken = {
-            (r.store.dsn, r.store.db_schema, r.store.table_prefix): r.store.name
+            tables_of(r.store): r.store.name
             for r in self.worker.stores.values()
             if r.store.name not in self.served[template.name]
         }
-        for row in rows:
-            try:
-                if isinstance(row, ConfigurationError):
-                    raise row
-                store = store_from_row(template, row)
-                if store.name in found:
-                    raise ConfigurationError(
-                        f"stores.{store.name}",
-                        str(row.name),
-                        f"is listed twice ({row.where} and before); list each store once",
-                    )
-                other = taken.get(store.where)
-                if other is not None:
-                    raise ConfigurationError(
-                        f"stores.{store.name}",
-                        f"{store.settings.db_schema}.{store.settings.table_prefix}*",
-                        f"uses the same database, schema and table prefix as store {other!r}; "
-                        "distinct stores must not share tables",
-                    )
-            except ConfigurationError as exc:
-                self._skip(template, exc, report)
-                continue
-            taken[store.where] = store.name
-            found[store.name] = store
+        found, skipped = validate_rows(template, rows, taken)
+        for exc in skipped:
+            self._skip(template, exc, report)
         return found
 
     def _skip(self, template: TemplateSettings, exc: ConfigurationError, report: Refresh) -> None:

@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from relayer.errors import ConfigurationError, RelayerError, StoreError
-from relayer.fleet.templates import ROW_FIELDS, DiscoveredRow, row_from_mapping, store_from_row
+from relayer.fleet.templates import ROW_FIELDS, Row, row_from_mapping, store_from_row
 from relayer.settings import StoreSettings, TemplateSettings
 from relayer.store.catalog import read_catalog
 
 # A catalog query must end within this many seconds (and within the refresh interval).
 QUERY_TIMEOUT = 30.0
-
-Row = DiscoveredRow | ConfigurationError
 
 
 class DiscoveryError(RelayerError):

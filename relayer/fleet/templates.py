@@ -10,7 +10,7 @@ is skipped with one line naming the store, the field, the value and the rule (do
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,13 +59,60 @@ class DiscoveredStore:
         return self.settings.name
 
     @property
-    def where(self) -> tuple[str | None, str, str]:
+    def where(self) -> Tables:
         """The tables it uses: distinct stores must not share them."""
-        return (self.settings.dsn, self.settings.db_schema, self.settings.table_prefix)
+        return tables_of(self.settings)
+
+
+# The tables a store uses: its database, schema and table prefix.
+Tables = tuple[str | None, str, str]
+# A row of a source as read: a row, or why it cannot be one (the row is skipped).
+Row = DiscoveredRow | ConfigurationError
+
+
+def tables_of(store: StoreSettings) -> Tables:
+    return (store.dsn, store.db_schema, store.table_prefix)
+
+
+def validate_rows(
+    template: TemplateSettings, rows: Iterable[Row], taken: Mapping[Tables, str]
+) -> tuple[dict[str, DiscoveredStore], list[ConfigurationError]]:
+    """The stores ``rows`` yield, in order, and why each other row is skipped: it breaks a
+    rule, names a store listed before, or uses the tables of a store listed before or of
+    ``taken`` (the other stores served beside the template's: tables -> store name). The
+    worker serves the stores; ``relayer status --all`` and the dashboard list the same."""
+    found: dict[str, DiscoveredStore] = {}
+    skipped: list[ConfigurationError] = []
+    used = dict(taken)
+    for row in rows:
+        try:
+            if isinstance(row, ConfigurationError):
+                raise row
+            store = store_from_row(template, row)
+            if store.name in found:
+                raise ConfigurationError(
+                    f"stores.{store.name}",
+                    str(row.name),
+                    f"is listed twice ({row.where} and before); list each store once",
+                )
+            other = used.get(store.where)
+            if other is not None:
+                raise ConfigurationError(
+                    f"stores.{store.name}",
+                    f"{store.settings.db_schema}.{store.settings.table_prefix}*",
+                    f"uses the same database, schema and table prefix as store {other!r}; "
+                    "distinct stores must not share tables",
+                )
+        except ConfigurationError as exc:
+            skipped.append(exc)
+            continue
+        used[store.where] = store.name
+        found[store.name] = store
+    return found, skipped
 
 
 def row_from_mapping(values: Mapping[str, Any], where: str) -> DiscoveredRow:
-    """A row from a file's table or a query's columns; an unknown field is a
+    """A row from a file's table or a query's columns; an unknown field or no name is a
     ConfigurationError naming it (the row is skipped)."""
     unknown = [str(key) for key in values if key not in ROW_FIELDS]
     if unknown:
@@ -74,6 +121,13 @@ def row_from_mapping(values: Mapping[str, Any], where: str) -> DiscoveredRow:
             values[unknown[0]] if "dsn" not in unknown[0] else "***",
             f"is not a field a discovery row may set (fields: {', '.join(ROW_FIELDS)}); the "
             "template sets everything else",
+        )
+    if "name" not in values:
+        raise ConfigurationError(
+            f"{where}.name",
+            None,
+            "is required: the store's name (the store is called TEMPLATE.NAME); give the row "
+            "a name",
         )
     return DiscoveredRow(**{key: values[key] for key in values}, where=where)
 

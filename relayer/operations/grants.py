@@ -13,6 +13,8 @@ from typing import Literal
 
 from psycopg import sql
 
+from relayer.errors import ConfigurationError
+from relayer.identifiers import POSTGRES_NAME_LIMIT
 from relayer.settings import StoreSettings
 
 Kind = Literal["writer", "worker", "operator"]
@@ -53,10 +55,27 @@ CLAIM_SLOTS_ARGUMENTS = (
 _SEQUENCES = ("SELECT", "INSERT", "UPDATE")
 
 
+def check_role(role: str) -> str:
+    """``role`` if PostgreSQL reads it, quoted, as that role: not empty, at most 63 bytes (a
+    longer name is cut to its first 63, which may name another role) and not ``public`` (which
+    ``TO "public"`` reads as PUBLIC, every role)."""
+    size = len(role.encode("utf-8"))
+    if not 0 < size <= POSTGRES_NAME_LIMIT or role.lower() == "public":
+        raise ConfigurationError(
+            "--role",
+            role,
+            f"must be the name of an existing role: 1 to {POSTGRES_NAME_LIMIT} bytes "
+            f"(PostgreSQL reads only the first {POSTGRES_NAME_LIMIT} bytes of a longer name, "
+            "which may name another role), and not 'public' in any case (GRANT ... TO "
+            '"public" grants to every role)',
+        )
+    return role
+
+
 def statements(store: StoreSettings, kind: Kind, role: str) -> list[sql.Composed]:
     """The GRANT statements ``role`` needs to act as ``kind`` on ``store``."""
     names = store.names
-    grantee = sql.Identifier(role)
+    grantee = sql.Identifier(check_role(role))
     database = _database(store)
     found: list[sql.Composed] = []
     if database is not None:

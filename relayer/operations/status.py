@@ -4,11 +4,11 @@ one line per store, read database by database (the statements: relayer.store.sta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from relayer.errors import ConfigurationError, RelayerError
+from relayer.errors import RelayerError
 from relayer.operations.health import StoreHealth, read_health
 from relayer.operations.schema import require_schema
 from relayer.redact import redact
@@ -25,6 +25,7 @@ from relayer.store.status import (
 )
 
 if TYPE_CHECKING:
+    from relayer.fleet.templates import Tables
     from relayer.settings import TemplateSettings
 
 # Databases ``status --all`` reads at once.
@@ -119,8 +120,14 @@ async def read_summaries(
             error = f"no answer within {SUMMARY_TIMEOUT:g} s"
             found.extend(StoreSummary(s.name, error=error) for s in group if s.name not in done)
         except RelayerError as exc:
-            error = _first_line(exc)
-            found.extend(StoreSummary(s.name, error=error) for s in group if s.name not in done)
+            # The connection was opened as the group's first store: each store says its own
+            # name (their DSN is the same).
+            error = _first_line(exc).removeprefix(f"store {group[0].name!r}: ")
+            found.extend(
+                StoreSummary(s.name, error=f"store {s.name!r}: {error}")
+                for s in group
+                if s.name not in done
+            )
         finally:
             limit.release()
 
@@ -139,12 +146,15 @@ class TemplateListing:
     readable: bool
 
 
-async def list_template(template: TemplateSettings) -> TemplateListing:
-    """Read ``template``'s discovery source once and validate each row like a configured
-    store; a source that cannot be read or a row that breaks a rule gets a line of its own
-    (``TEMPLATE.*``, ``TEMPLATE.?``), without a secret."""
+async def list_template(
+    template: TemplateSettings, taken: Mapping[Tables, str] | None = None
+) -> TemplateListing:
+    """Read ``template``'s source once and validate its rows as the worker does (each like a
+    configured store, no store listed twice, no tables shared with another row or with the
+    stores of ``taken``: tables -> name); a source that cannot be read or a row the worker
+    skips gets a line of its own (``TEMPLATE.*``, ``TEMPLATE.?``), without a secret."""
     from relayer.fleet.sources import DiscoveryError, read_source
-    from relayer.fleet.templates import store_from_row
+    from relayer.fleet.templates import validate_rows
 
     name = template.name
     try:
@@ -152,17 +162,17 @@ async def list_template(template: TemplateSettings) -> TemplateListing:
     except DiscoveryError as exc:
         problem = StoreSummary(f"{name}.*", error=f"its source cannot be read: {_first_line(exc)}")
         return TemplateListing(name, (), (problem,), readable=False)
-    stores: list[StoreSettings] = []
-    problems: list[StoreSummary] = []
-    for row in rows:
-        try:
-            if isinstance(row, ConfigurationError):
-                raise row
-            stores.append(store_from_row(template, row).settings)
-        except ConfigurationError as exc:
-            skipped = f"a row is skipped: {_first_line(exc)}"
-            problems.append(StoreSummary(f"{name}.?", error=skipped))
-    return TemplateListing(name, tuple(stores), tuple(problems), readable=True)
+    # A store of this template given by name (`relayer dashboard tenants.acme --template
+    # tenants`) is the one its row yields, not another store on its tables.
+    others = {
+        where: store for where, store in (taken or {}).items() if not store.startswith(f"{name}.")
+    }
+    found, skipped = validate_rows(template, rows, others)
+    problems = tuple(
+        StoreSummary(f"{name}.?", error=f"a row is skipped: {_first_line(exc)}") for exc in skipped
+    )
+    stores = tuple(store.settings for store in found.values())
+    return TemplateListing(name, stores, problems, readable=True)
 
 
 async def fleet_stores(
@@ -171,7 +181,10 @@ async def fleet_stores(
     """The stores of ``relayer status --all`` and of the dashboard's Fleet page: ``stores``
     and every store a template's source lists now (the sources read at once); and a line for
     each source that cannot be read or row that breaks a rule (the others are still read)."""
-    listings = await asyncio.gather(*(list_template(template) for template in templates))
+    from relayer.fleet.templates import tables_of
+
+    taken = {tables_of(store): store.name for store in stores}
+    listings = await asyncio.gather(*(list_template(template, taken) for template in templates))
     found = list(stores)
     problems: list[StoreSummary] = []
     for listing in listings:

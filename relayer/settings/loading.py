@@ -93,6 +93,13 @@ class RelayerSettings(BaseSettings):
             self._check_pooled_default("stores", store)
         self._check_templates()
         for name, weight in self.worker.weights.items():
+            if name in self.templates and name not in self.stores:
+                raise RelationError(
+                    f"worker.weights.{name}",
+                    weight,
+                    f"names template {name!r}, not a store; weigh all its stores with "
+                    f'templates.{name}.weight, or one of them as "{name}.NAME"',
+                )
             if name not in self.stores and name.partition(".")[0] not in self.templates:
                 close = difflib.get_close_matches(name, list(self.stores), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -314,5 +321,12 @@ def _check_toml(path: Path) -> None:
         raise ConfigurationError("config", str(path), "the file does not exist") from None
     except IsADirectoryError:
         raise ConfigurationError("config", str(path), "is a directory, not a TOML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(
+            "config",
+            str(path),
+            f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start} "
+            "cannot be decoded); TOML files are UTF-8: save it as UTF-8",
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigurationError("config", str(path), f"is not valid TOML: {exc}") from None

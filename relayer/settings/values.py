@@ -19,20 +19,24 @@ from relayer.pooler import dsn_parse_error
 
 _DURATION = re.compile(r"\s*(?P<number>-?\d+(?:\.\d+)?)\s*(?P<unit>ms|s|m|h|d)?\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RULE = (
+    "must be a duration: seconds as a number, a number with a unit ('250ms', '30s', '5m', '1h', "
+    "'7d') or ISO 8601 ('PT30S')"
+)
 
 
 def _parse_duration(value: object) -> object:
-    """Accept seconds as a number, ``"250ms"``/``"30s"``/``"5m"``/``"1h"``/``"7d"``, or ISO 8601."""
+    """Accept seconds as a number, ``"250ms"``/``"30s"``/``"5m"``/``"1h"``/``"7d"``, or ISO 8601
+    (not a boolean, which pydantic would read as 0 or 1 second)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{_DURATION_RULE}, not true or false")
     if isinstance(value, str):
         match = _DURATION.fullmatch(value)
         if match:
             unit = match.group("unit") or "s"
             return timedelta(seconds=float(match.group("number")) * _UNIT_SECONDS[unit])
         if not value.strip().lstrip("-").startswith("P"):
-            raise ValueError(
-                "must be a duration: seconds as a number, a number with a unit "
-                "('250ms', '30s', '5m', '1h', '7d') or ISO 8601 ('PT30S')"
-            )
+            raise ValueError(_DURATION_RULE)
     return value
 
 

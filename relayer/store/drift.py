@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from relayer.errors import SchemaDriftError
+from relayer.errors import MissingPrivilegeError, SchemaDriftError
 from relayer.identifiers import TABLE_SUFFIXES, StoreNames
 from relayer.settings import StoreSettings
 from relayer.sql import Queries, compose, latest_version, migrations, queries_for
@@ -67,15 +68,21 @@ async def check(conn: Connection, store: StoreSettings) -> list[Drift]:
         )
     if meta.lanes != store.lanes:
         drift.append(Drift("lanes", f"recorded {meta.lanes}, configured {store.lanes}"))
-    cursor = await conn.execute(queries["applied_migrations"])
-    recorded = {int(row[0]): str(row[2]) for row in await cursor.fetchall()}
-    for migration in migrations():
-        checksum = recorded.get(migration.version)
-        if checksum is not None and checksum != migration.checksum:
-            drift.append(
-                Drift(f"migration {migration.label}", "its text changed since it was applied")
-            )
-    drift.extend(await _compare_catalogs(conn, store, meta.schema_version))
+    try:
+        cursor = await conn.execute(queries["applied_migrations"])
+        recorded = {int(row[0]): str(row[2]) for row in await cursor.fetchall()}
+        for migration in migrations():
+            checksum = recorded.get(migration.version)
+            if checksum is not None and checksum != migration.checksum:
+                drift.append(
+                    Drift(f"migration {migration.label}", "its text changed since it was applied")
+                )
+        drift.extend(await _compare_catalogs(conn, store, meta.schema_version))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise MissingPrivilegeError(
+            f"store {store.name!r}: schema check: {exc.diag.message_primary or exc}; run it as "
+            "the tables' owner (it reads every table of the store)"
+        ) from exc
     return drift
 
 
@@ -87,7 +94,7 @@ async def require_meta(conn: Connection, store: StoreSettings) -> StoreMeta:
     if meta.schema_version == latest_version():  # a newer schema is the newer relayer's to check
         try:
             drift = await check(conn, store)
-        except psycopg.errors.InsufficientPrivilege:
+        except MissingPrivilegeError:
             return meta  # the comparison needs TEMP; `relayer schema check` run by the owner can
         if drift:
             shown = "; ".join(str(item) for item in drift[:3])
@@ -115,7 +122,10 @@ async def _compare_catalogs(
         if row is None:
             return [Drift(f"schema {names.schema}", "missing")]
         live = await _introspect(cursor, queries, int(row[0]), tables)
-        expected = await _expected_catalog(conn, cursor, names, tables, live_version)
+        try:
+            expected = await _expected_catalog(conn, cursor, names, tables, live_version)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise _without_temporary(conn, store) from exc
     drift: list[Drift] = []
     for table in sorted(set(expected.columns) | set(live.columns)):
         subject = f"{names.schema}.{table}"
@@ -183,6 +193,19 @@ async def _expected_catalog(
         row = await cursor.fetchone()
         assert row is not None
         return await _introspect(cursor, queries, int(row[0]), tables)
+
+
+def _without_temporary(conn: Connection, store: StoreSettings) -> MissingPrivilegeError:
+    database, role = conn.info.dbname, conn.info.user
+    grant = sql.SQL("GRANT TEMPORARY ON DATABASE {} TO {}").format(
+        sql.Identifier(database), sql.Identifier(role)
+    )
+    return MissingPrivilegeError(
+        f"store {store.name!r}: schema check needs the TEMPORARY privilege on database "
+        f"{database!r}, which role {role!r} lacks (it builds this version's tables as temporary "
+        f"tables to compare them with the store's); run it as the tables' owner, or "
+        f"{grant.as_string(None)}"
+    )
 
 
 def _shape(shape: tuple[str, bool, str]) -> str:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from relayer.identifiers import TABLE_SUFFIXES
+from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import Connection, translated
@@ -177,6 +178,7 @@ async def _read(
             names, live, dead, vacuumed, sizes, strict=True
         )
     )
-    health = StoreHealth(found, float(due_age), int(failing), int(attempts), error, ())
+    shown = redact(error) if error else error  # a broker's URL in it may hold a password
+    health = StoreHealth(found, float(due_age), int(failing), int(attempts), shown, ())
     retention_due = bool(row[9]) if with_retention else False
     return health, retention_due

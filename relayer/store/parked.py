@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import Queries, queries_for
 from relayer.store.driver import Connection, translated_verbatim
@@ -89,7 +90,7 @@ async def read_parked(
             key=row[0],
             lane=int(row[1]),
             attempts=int(row[2]),
-            last_error=row[3],
+            last_error=redact(row[3]),  # a broker's URL in it may hold a password
             retry_at=row[4],
             parked_at=row[5],
             head_id=row[6],

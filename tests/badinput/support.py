@@ -34,7 +34,7 @@ class CliCase:
     name: str
     arguments: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=dict)
-    toml: str | None = None
+    toml: str | bytes | None = None  # bytes: written as they are (a file that is not UTF-8)
 
 
 def run_cases(
@@ -47,7 +47,10 @@ def run_cases(
         arguments = case.arguments
         if case.toml is not None:
             config = directory / f"{case.name}.toml"
-            config.write_text(case.toml)
+            if isinstance(case.toml, bytes):
+                config.write_bytes(case.toml)
+            else:
+                config.write_text(case.toml)
             arguments = ("--config", str(config), *arguments)
         result = subprocess.run(
             command(*arguments), env=env, capture_output=True, text=True, timeout=60, check=False

@@ -272,6 +272,31 @@ CASES: list[tuple[CliCase, str]] = [
         "start with amqp:// or amqps://",
     ),
     (
+        CliCase(
+            "batch-max-idle-true", RUN, toml="[stores.orders]\n[worker]\nbatch_max_idle = true\n"
+        ),
+        "worker.batch_max_idle: True is invalid: must be a duration: seconds as a number, a "
+        "number with a unit ('250ms', '30s', '5m', '1h', '7d') or ISO 8601 ('PT30S'), not true "
+        "or false",
+    ),
+    (
+        CliCase(
+            "toml-weight-of-a-template",
+            RUN,
+            toml="[stores.orders]\n[worker.weights]\ntenants = 2\n[templates.tenants]\n"
+            'discovery.file = "tenants.json"\n',
+        ),
+        "worker.weights.tenants: 2 is invalid: names template 'tenants', not a store; weigh "
+        'all its stores with templates.tenants.weight, or one of them as "tenants.NAME"',
+    ),
+    (
+        CliCase(
+            "toml-not-utf-8", PRINT, toml='[stores.orders]\nschema = "caf\xe9"\n'.encode("latin-1")
+        ),
+        "config: '{config}' is invalid: is not UTF-8 text (byte 0xe9 at offset 29 cannot be "
+        "decoded); TOML files are UTF-8: save it as UTF-8",
+    ),
+    (
         CliCase("toml-misspelt-section", PRINT, toml='[store.orders]\ndsn = "x"\nlanes = 3\n'),
         "store: {{orders}} is invalid: is not a setting relayer knows (did you mean 'stores'?); "
         "fix its name or remove it",

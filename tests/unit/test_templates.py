@@ -14,7 +14,7 @@ import pytest
 from relayer.dispatch.control import MAX_LIMIT
 from relayer.errors import ConfigurationError
 from relayer.fleet.sources import DiscoveryError, read_file, rows_from_columns
-from relayer.fleet.templates import DiscoveredRow, store_from_row
+from relayer.fleet.templates import DiscoveredRow, store_from_row, validate_rows
 from relayer.settings import RelayerSettings, TemplateSettings, load_settings
 from relayer.settings.templates import MAX_CONCURRENCY_LIMIT
 
@@ -272,3 +272,40 @@ def test_the_settings_and_templates_import_in_either_order(module: str) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_a_row_without_a_name_is_skipped_saying_so(tmp_path: Path) -> None:
+    path = tmp_path / "stores.json"
+    path.write_text(json.dumps([{"schema": "acme"}, {"name": "good"}]))
+    nameless, good = read_file(path)
+    assert isinstance(nameless, ConfigurationError)
+    assert nameless.field == "row 1.name"
+    assert "is required" in nameless.rule
+    assert good == DiscoveredRow("good", where="row 2")
+
+
+def test_rows_are_skipped_as_a_worker_skips_them() -> None:
+    tenants = template()
+    rows = [
+        DiscoveredRow("acme", schema="acme", where="row 1"),
+        DiscoveredRow("acme", schema="other", where="row 2"),  # listed twice
+        DiscoveredRow("twin", schema="acme", where="row 3"),  # acme's tables
+        DiscoveredRow("clash", schema="shop", table_prefix="orders_", where="row 4"),
+        DiscoveredRow("globex", schema="globex", where="row 5"),
+    ]
+    taken = {(DSN, "shop", "orders_"): "orders"}  # a configured store's tables
+    found, skipped = validate_rows(tenants, rows, taken)
+    assert list(found) == ["tenants.acme", "tenants.globex"]
+    assert [(error.field, error.rule) for error in skipped] == [
+        ("stores.tenants.acme", "is listed twice (row 2 and before); list each store once"),
+        (
+            "stores.tenants.twin",
+            "uses the same database, schema and table prefix as store 'tenants.acme'; "
+            "distinct stores must not share tables",
+        ),
+        (
+            "stores.tenants.clash",
+            "uses the same database, schema and table prefix as store 'orders'; distinct "
+            "stores must not share tables",
+        ),
+    ]

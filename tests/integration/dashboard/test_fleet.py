@@ -102,6 +102,45 @@ async def test_the_fleet_page_lists_the_template_stores_worst_first(
     assert nav_stores(overview.text) == ["orders"]
 
 
+async def test_the_fleet_page_lists_each_row_a_worker_skips(
+    pg_dsn: str, tmp_path: Path, read_only: Access
+) -> None:
+    """Rows a worker skips (no name, a name listed twice, another row's or a configured
+    store's tables) each get a line of their own, not a store's."""
+    source = tmp_path / "tenants.json"
+    source.write_text(
+        json.dumps(
+            [
+                {"name": "acme", "table_prefix": "acme_"},
+                {"name": "acme", "table_prefix": "other_"},
+                {"name": "twin", "table_prefix": "acme_"},
+                {"name": "clash", "table_prefix": "orders_"},
+                {"table_prefix": "nameless_"},
+            ]
+        )
+    )
+    template = tenants(pg_dsn, source)
+    orders = make_store(pg_dsn)
+    await apply_schema(orders)
+    await applied(template, "acme")
+    app = create_app([orders], read_only, templates=[template], interval=1)
+    with TestClient(app) as client:
+        page = client.get("/fleet")
+    assert page.status_code == 200
+    listed = re.findall(r'<tr data-store="([^"]+)">', page.text)
+    assert sorted(listed) == [
+        "orders",
+        "tenants.?",
+        "tenants.?",
+        "tenants.?",
+        "tenants.?",
+        "tenants.acme",
+    ]
+    assert "is listed twice (row 2 and before)" in page.text
+    assert page.text.count("uses the same database, schema and table prefix as store") == 2
+    assert "row 5.name: None is invalid: is required" in page.text
+
+
 async def _listed(template: TemplateSettings) -> list[Any]:
     from relayer.operations.status import list_template
 

@@ -335,3 +335,20 @@ async def test_two_workers_keep_every_row_and_its_order_while_stores_come_and_go
     assert in_order_per_key(received)
     for schema in "abc":
         assert members(pg_dsn, schema) == [] and leased(pg_dsn, schema) == []
+
+
+async def test_a_row_without_a_name_is_skipped_with_one_warning_and_the_others_served(
+    tmp_path: Path, running: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    template, worker, fleet = running
+    await prepared(template, "good")
+    write_rows(tmp_path / "stores.json", {"schema": "acme"}, {"name": "good", "schema": "good"})
+    caplog.set_level(logging.WARNING, logger="relayer.fleet.discovery")
+    report = await fleet.refresh("tenants")
+    assert report.read and report.joined == ["tenants.good"]
+    assert report.skipped == ["row 1.name"]
+    assert set(worker.stores) == {"tenants.good"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "row 1.name: None is invalid: is required" in warnings[0]
+    assert "fix its row" in warnings[0]
