@@ -164,7 +164,9 @@ class Database:
         # Every connection of the database, cut when a stopping worker stops waiting for it.
         self.severance = Severance(store, key.label)
         self.housekeeping = Session(store, self._connect_housekeeping, purpose="housekeeping")
-        self.batched = Housekeeping(self.housekeeping, prepare=store.pooler != "transaction")
+        self.batched = Housekeeping(
+            self.housekeeping, prepare=store.pooler != "transaction", label=key.label
+        )
         self.listener = (
             SharedListener(
                 store,

@@ -40,6 +40,8 @@ FLOWING = 2.0  # seconds of writing before the fault and after it
 # stopped (as tests/chaos/test_stall.py allows).
 STOP_BOUND = SETTINGS.lease / 2 + 1
 WAIT = 60.0  # a generous deadline for what must happen on a busy machine
+STALL_SAID = re.compile(r"action=database_stall\]|action=database_stall ")
+STALL_OVER = re.compile(r"action=database_stall_over\b")
 UNCAUGHT = ("Traceback", "Exception in thread", "never retrieved")
 
 
@@ -64,6 +66,43 @@ def hold(run: Run, seconds: float) -> None:
     while (left := deadline - time.monotonic()) > 0:
         run.workers.assert_running()
         time.sleep(min(left, 0.2))
+
+
+def test_a_silent_database_is_said_once_and_so_is_its_return(
+    request: pytest.FixtureRequest,
+    rabbitmq: RabbitTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    report = new_report(request, "silent PostgreSQL", rabbitmq)
+    run = Run(report, pg_dsn, tmp_path, loop, rabbitmq, SETTINGS)
+    proxy = run.pg_proxy
+    try:
+        with running(run):
+            hold(run, FLOWING)
+            before = len(run.workers.logs_of(0))
+            loop.call(proxy.stall)
+            try:
+                wait_for(run, STALL_SAID, "no database_stall line", since=before)
+                # Silent for longer than a lease: still one line for the whole silence.
+                hold(run, SETTINGS.lease * 1.5)
+            finally:
+                loop.call(proxy.resume)
+            run.injected()
+            wait_for(run, STALL_OVER, "no database_stall_over line", since=before)
+            hold(run, FLOWING)
+            run.finish()
+            lines = run.workers.logs_of(0)[before:].splitlines()
+    finally:
+        if report.rows:
+            RESULTS.append(report)
+    said = [line for line in lines if STALL_SAID.search(line)]
+    over = [line for line in lines if STALL_OVER.search(line)]
+    assert len(said) == 1, said
+    assert len(over) == 1, over
+    assert "check" in said[0], said[0]
+    assert not report.problems(), report.problems()
 
 
 def test_sigterm_while_the_database_is_silent_stops_within_the_bound(
