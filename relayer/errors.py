@@ -64,6 +64,11 @@ class ConnectionsBusy(StoreError):
     as long as a caller could wait: not a database fault, so nothing is counted against rows."""
 
 
+class DatabaseSilentError(StoreError):
+    """PostgreSQL answered nothing within the time a use allowed (a stalled server, or a
+    network that drops packets while the connection stays open); the connection was closed."""
+
+
 class SchemaNotAppliedError(StoreError):
     """The store's tables do not exist (yet) in the configured schema."""
 

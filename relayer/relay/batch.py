@@ -390,7 +390,7 @@ class LaneRelay:
 
 _NO_ACK = (
     "the broker acknowledged nothing of this lane's batch within the batch deadline "
-    "(lease_duration / 2); the rows stay and are sent again, no attempt is counted"
+    "(lease_duration / 2); the rows stay and are sent again"
 )
 
 

@@ -21,11 +21,11 @@ import uuid
 from collections.abc import Callable
 
 from relayer.deadlines import Deadlines
-from relayer.errors import StoreError
+from relayer.errors import DatabaseSilentError, StoreError
 from relayer.observability.throttle import ThrottledLog
 from relayer.settings import StoreSettings
 from relayer.store import Connect, RelayStore, Session
-from relayer.store.housekeeping import Housekeeping, next_tick
+from relayer.store.housekeeping import LEAST_SILENCE, Housekeeping, next_tick
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,9 @@ class Membership:
                 self.session, self.db, self.member, self._token
             )
         else:
-            async with self.session.connection("heartbeat", urgent=True) as conn:
+            async with self.session.connection(
+                "heartbeat", urgent=True, within=max(self.interval, LEAST_SILENCE)
+            ) as conn:
                 live, released = await self.db.heartbeat(conn, self.member, self._token)
         self.last_beat = self._clock()
         members = tuple(live)
@@ -169,20 +171,25 @@ class Membership:
             except StoreError as exc:
                 delay = min(self.interval, 1.0)
                 await self.session.close()
-                self.log.warning(
-                    ("heartbeat_failed",),
-                    "heartbeat of %s failed: %s; retrying in %.0f s (it stops sending if no "
-                    "heartbeat succeeds for a lease)",
-                    self.member,
-                    exc,
-                    delay,
-                    extra={"action": "heartbeat_failed", "store": self.store.name},
-                )
                 if self.expired():
                     self.rank = -1
                     self._set_lanes(frozenset())
+                # A silent database: its SilenceNotice said it, once for the silence.
+                if not (isinstance(exc, DatabaseSilentError) and self._batched is not None):
+                    self._failed(exc, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), next_tick(delay, self._clock()))
+
+    def _failed(self, exc: StoreError, delay: float) -> None:
+        self.log.warning(
+            ("heartbeat_failed",),
+            "heartbeat of %s failed: %s; retrying in %.0f s (it stops sending if no "
+            "heartbeat succeeds for a lease)",
+            self.member,
+            exc,
+            delay,
+            extra={"action": "heartbeat_failed", "store": self.store.name},
+        )
 
     async def leave(self) -> None:
         """Release every lane and the membership (graceful shutdown)."""

@@ -66,8 +66,8 @@ class ScanOutcomes:
         if result.scan is Scan.UNAVAILABLE:
             self.log.warning(
                 ("unavailable", shape(result.detail)),
-                "store %s: rows wait for a broker that cannot be used now: %s (no attempt is "
-                "counted; lanes are retried every %.1f s)",
+                "store %s: rows wait for a broker that cannot be used now: %s; no attempt is "
+                "counted, their lanes are retried every %.1f s; check the broker if it lasts",
                 self.store,
                 result.detail,
                 self.backoff,

@@ -28,9 +28,10 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -45,6 +46,7 @@ from relayer.store.driver import (
     is_broken,
     store_error,
 )
+from relayer.store.severance import Guard
 
 logger = logging.getLogger(__name__)
 
@@ -196,8 +198,10 @@ class BatchPool:
         settings: Mapping[str, str] | None = None,
         max_idle: float = 60.0,
         timeout: float = 30.0,
+        guard: Guard | None = None,
     ) -> None:
         self.budget = budget
+        self._guard = guard
         self.store = store  # the connection's target (dsn, pooler); errors name the caller's
         self.max_idle = max_idle
         self.timeout = timeout
@@ -314,7 +318,7 @@ class BatchPool:
             if self._options:
                 kwargs["options"] = self._options
             async with asyncio.timeout(self.timeout):
-                conn = await psycopg.AsyncConnection.connect(self.store.require_dsn(), **kwargs)
+                conn = await self._open(kwargs, doing)
         except BaseException as exc:
             self.opened -= 1
             self.budget._freed()
@@ -323,6 +327,14 @@ class BatchPool:
             raise
         self._created[id(conn)] = time.monotonic()
         return conn
+
+    async def _open(self, kwargs: dict[str, Any], doing: str) -> Connection:
+        def make() -> Awaitable[Connection]:
+            return psycopg.AsyncConnection.connect(self.store.require_dsn(), **kwargs)
+
+        if self._guard is None:
+            return await make()
+        return await self._guard(make, f"{doing} (connecting)")
 
     async def _put(self, conn: Connection) -> None:
         if self.closed or is_broken(conn) or self._expired(conn):

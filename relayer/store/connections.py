@@ -17,6 +17,8 @@ from typing import Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
+from relayer.deadlines import Deadlines
+from relayer.errors import DatabaseSilentError, StoreError
 from relayer.pooler import idle_timeout_setting
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
@@ -30,6 +32,7 @@ from relayer.store.driver import (
     store_error,
     translated,
 )
+from relayer.store.severance import sever
 
 Connect = Callable[[], Awaitable[Connection]]
 Settings = Mapping[str, str]
@@ -192,26 +195,74 @@ class Session:
         return view
 
     @asynccontextmanager
-    async def connection(self, doing: str, *, urgent: bool = False) -> AsyncIterator[Connection]:
+    async def connection(
+        self, doing: str, *, urgent: bool = False, within: float | None = None
+    ) -> AsyncIterator[Connection]:
+        """The connection for a block (StoreError for a driver error in it).
+
+        ``within``: seconds the block may wait for PostgreSQL, its turn and a connection
+        included (heartbeats). Past them the connection is severed (relayer.store.severance:
+        a silent server is not asked to cancel anything) and DatabaseSilentError raised.
+        Connecting is bounded in any case, by a quarter of a lease."""
         shared = self._shared
-        async with shared.turns.turn(urgent):
-            try:
-                if is_broken(shared.conn):
-                    shared.conn = None
-                    with translated(self.store, f"{doing} (connecting)"):
-                        shared.conn = await shared.connect()
-                    if shared.prepared_max is not None:
-                        shared.conn.prepared_max = shared.prepared_max
-                assert shared.conn is not None
-                yield shared.conn
-            except DRIVER_ERRORS as exc:
-                await shared.forget()
-                raise store_error(self.store, doing, exc) from exc
-            except BaseException:
-                # A failed or interrupted statement can leave the connection busy or broken:
-                # the next use starts on a fresh one.
-                await shared.forget()
-                raise
+        loop = asyncio.get_running_loop()
+        deadline = None if within is None else loop.time() + within
+        timer = None if deadline is None else loop.call_at(deadline, shared.sever)
+        try:
+            async with shared.turns.turn(urgent, deadline=deadline):
+                try:
+                    yield await self._connected(doing, deadline, within)
+                except DRIVER_ERRORS as exc:
+                    await shared.forget()
+                    if deadline is not None and loop.time() >= deadline:
+                        raise self._silent(doing, within) from exc
+                    raise store_error(self.store, doing, exc) from exc
+                except BaseException:
+                    # A failed or interrupted statement can leave the connection busy or
+                    # broken: the next use starts on a fresh one.
+                    await shared.forget()
+                    raise
+        except TimeoutError as exc:  # no turn within ``within``: the holder's use is silent
+            raise self._silent(doing, within) from exc
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    async def _connected(
+        self, doing: str, deadline: float | None, within: float | None
+    ) -> Connection:
+        """The open connection, connecting first if there is none (within a quarter of a
+        lease, and by ``deadline``)."""
+        shared = self._shared
+        if not is_broken(shared.conn):
+            assert shared.conn is not None
+            return shared.conn
+        shared.conn = None
+        loop = asyncio.get_running_loop()
+        limit = Deadlines.of(self.store.lease_duration).connection_wait
+        bound = loop.time() + limit
+        silent = deadline is not None and deadline <= bound
+        try:
+            async with asyncio.timeout_at(deadline if silent else bound):
+                with translated(self.store, f"{doing} (connecting)"):
+                    conn = await shared.connect()
+        except TimeoutError as exc:
+            if silent:
+                raise self._silent(doing, within) from exc
+            raise StoreError(
+                f"store {self.store.name!r}: {doing} (connecting): PostgreSQL did not answer "
+                f"within {limit:g} s"
+            ) from exc
+        if shared.prepared_max is not None:
+            conn.prepared_max = shared.prepared_max
+        shared.conn = conn
+        return conn
+
+    def _silent(self, doing: str, within: float | None) -> DatabaseSilentError:
+        return DatabaseSilentError(
+            f"store {self.store.name!r}: {doing}: PostgreSQL answered nothing within "
+            f"{within or 0:g} s; the connection was closed"
+        )
 
     @property
     def backend_pid(self) -> int | None:
@@ -239,6 +290,10 @@ class _SessionState:
         self.turns = Turns()
         self.prepared_max: int | None = None  # None: psycopg's default
 
+    def sever(self) -> None:
+        """Cut the open connection (relayer.store.severance); its use ends at once."""
+        sever(self.conn)
+
     async def forget(self) -> None:
         conn, self.conn = self.conn, None
         if conn is not None and not conn.closed:
@@ -254,8 +309,13 @@ class Turns:
         self._ordinary: deque[asyncio.Future[None]] = deque()
 
     @asynccontextmanager
-    async def turn(self, urgent: bool = False) -> AsyncIterator[None]:
-        await self._acquire(self._urgent if urgent else self._ordinary)
+    async def turn(
+        self, urgent: bool = False, deadline: float | None = None
+    ) -> AsyncIterator[None]:
+        """The lock for a block; TimeoutError if it did not come by ``deadline`` (the event
+        loop's clock; None: no limit)."""
+        async with asyncio.timeout_at(deadline):
+            await self._acquire(self._urgent if urgent else self._ordinary)
         try:
             yield
         finally:

@@ -25,7 +25,9 @@ the metrics' backlog reads), sharing what the budget leaves (:func:`plan_connect
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -39,6 +41,7 @@ from relayer.store.connections import Session, batch_settings, can_listen
 from relayer.store.driver import Connection, connect
 from relayer.store.housekeeping import Housekeeping
 from relayer.store.listener import SharedListener
+from relayer.store.severance import Severance
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,9 @@ Parameters = tuple[tuple[str, str], ...]
 # it always keeps): psycopg's default, for the statements it prepares by itself once they ran
 # a few times.
 HOUSEKEEPING_PREPARED = 100
+# Seconds a stopping worker gives its jobs to end once their connections are cut, before it
+# cancels them (a cancelled statement would ask a silent server to cancel it).
+CUT_GRACE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +161,19 @@ class Database:
         self.label = key.label
         self.budget = budget
         self._template = store
+        # Every connection of the database, cut when a stopping worker stops waiting for it.
+        self.severance = Severance(store, key.label)
         self.housekeeping = Session(store, self._connect_housekeeping, purpose="housekeeping")
-        self.batched = Housekeeping(self.housekeeping, prepare=store.pooler != "transaction")
+        self.batched = Housekeeping(
+            self.housekeeping, prepare=store.pooler != "transaction", label=key.label
+        )
         self.listener = (
-            SharedListener(store, label=key.label, name=lambda: self.application("listen"))
+            SharedListener(
+                store,
+                label=key.label,
+                name=lambda: self.application("listen"),
+                guard=self.severance.connect,
+            )
             if can_listen(store)
             else None
         )
@@ -170,6 +185,7 @@ class Database:
             max_idle=max_idle,
             # Connecting must end well within a lease: the scan waiting for it holds a slot.
             timeout=max(Deadlines.of(store.lease_duration).connection_wait, 1.0),
+            guard=self.severance.connect,
         )
         self.stores: dict[str, StoreSettings] = {}
         self._reserved = 0
@@ -186,12 +202,18 @@ class Database:
         return f"{names[0]}{more}:{purpose}"
 
     async def _connect_housekeeping(self) -> Connection:
-        return await connect(self._template, purpose=self.application("housekeeping"))
+        purpose = self.application("housekeeping")
+        return await self.severance.connect(
+            lambda: connect(self._template, purpose=purpose), "housekeeping (connecting)"
+        )
 
     async def connect_dispatcher(self) -> Connection:
         """A new autocommit connection for the database's dispatcher (relayer.dispatch:
         the worker shares one per database; it reserves its own unit of the budget)."""
-        return await connect(self._template, purpose=self.application("dispatcher"))
+        purpose = self.application("dispatcher")
+        return await self.severance.connect(
+            lambda: connect(self._template, purpose=purpose), "dispatcher (connecting)"
+        )
 
     @property
     def fixed(self) -> int:
@@ -250,3 +272,13 @@ class Databases:
 
     def __iter__(self) -> Iterator[Database]:
         return iter(self._databases.values())
+
+    def cut(self) -> None:
+        """Sever every connection to every database and refuse new ones: a stopping worker
+        spent its stop budget (relayer.store.severance)."""
+        for database in self:
+            database.severance.cut()
+
+    def cut_at(self, when: float) -> None:
+        """:meth:`cut` at ``when`` (time.monotonic()), unless the worker is gone by then."""
+        asyncio.get_running_loop().call_later(max(when - time.monotonic(), 0.0), self.cut)

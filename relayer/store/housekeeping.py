@@ -16,6 +16,12 @@ server together:
   statement fails, each store probes its share (and reports its own trouble).
 
 A request alone in its turn is sent alone, as before.
+
+A heartbeat must be answered within a third of a lease (the heartbeat period, at least a
+second), its wait for the connection included; past that the database is silent (a stalled
+server, or a network that drops packets while the connection stays open): the connection is
+severed (relayer.store.severance) and the database's :class:`SilenceNotice` says so once, and
+once more when a heartbeat is answered again.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 from uuid import UUID
 
-from relayer.errors import StoreError
+from relayer.deadlines import Deadlines
+from relayer.errors import DatabaseSilentError, StoreError
 from relayer.store.connections import Session
 from relayer.store.relay import Beat, RelayStore, heartbeats, holds_rows
 from relayer.tasks import cancel_all, fail_all
@@ -47,15 +55,69 @@ def next_tick(interval: float, now: float) -> float:
     return max((math.floor(now / interval) + 1) * interval - now, 0.0)
 
 
+class SilenceNotice:
+    """What a worker says about a database that stopped answering: one warning when its
+    heartbeats go unanswered, one line when one is answered again (per database: the
+    heartbeats of all its stores tell it). Called on the event loop's thread."""
+
+    def __init__(self, label: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label  # user@host:port/dbname
+        self._clock = clock
+        self.since: float | None = None  # silent since (the clock's time)
+
+    def silent(self, store: str, exc: DatabaseSilentError, waited: float) -> None:
+        """A heartbeat of ``store`` got no answer in ``waited`` seconds."""
+        if self.since is not None:
+            return
+        self.since = self._clock() - waited
+        logger.warning(
+            "PostgreSQL at %s answered nothing for %.0f s (%s): the server is stalled or "
+            "overloaded, or the network drops packets while the connection stays open. Batches "
+            "there roll back, nothing is counted against rows, and after a lease without a "
+            "heartbeat the worker stops sending its lanes until it answers; check the server "
+            "(pg_stat_activity, locks, disk, checkpoints) and the network between this worker "
+            "and it",
+            self.label,
+            waited,
+            exc,
+            extra={"action": "database_stall", "store": store},
+        )
+
+    def answered(self, store: str) -> None:
+        """A heartbeat of ``store`` was answered: a silence (if one was said) is over."""
+        since, self.since = self.since, None
+        if since is None:
+            return
+        logger.info(
+            "PostgreSQL at %s answers again after %.0f s",
+            self.label,
+            self._clock() - since,
+            extra={"action": "database_stall_over", "store": store},
+        )
+
+
+# The least time a heartbeat is given before the database counts as silent: under a lease of a
+# few seconds a third of it is a busy machine's hiccup, not a silence.
+LEAST_SILENCE = 1.0
+
+
+def answer_within(beats: list[Beat]) -> float:
+    """How long heartbeats may wait for an answer: the heartbeat period (a third of a
+    lease) of the shortest lease among their stores, and at least LEAST_SILENCE."""
+    period = min(Deadlines.of(beat.store.store.lease_duration).heartbeat for beat in beats)
+    return max(period, LEAST_SILENCE)
+
+
 class Housekeeping:
     """Batches the heartbeats and idle probes of the stores of one database that are asked
     for in the same event-loop turn, on ``session`` (their shared housekeeping session).
     ``prepare``: keep each store's heartbeat statement prepared on the connection (not behind
     a transaction pooler, whose server connections change between transactions)."""
 
-    def __init__(self, session: Session, *, prepare: bool) -> None:
+    def __init__(self, session: Session, *, prepare: bool, label: str = "") -> None:
         self.session = session
         self.prepare = prepare
+        self.silence = SilenceNotice(label or session.store.name)
         self._beats: list[tuple[Session, Beat, asyncio.Future[Members]]] = []
         self._probes: dict[str, tuple[RelayStore, list[asyncio.Future[bool]]]] = {}
         # Stores whose last heartbeat failed: they beat alone until one succeeds.
@@ -71,14 +133,22 @@ class Housekeeping:
         shared session, whose errors name the store), with those of the other stores asked
         for in this turn."""
         beat = Beat(store, member, token)
-        if store.store.name in self._alone:
-            return await self._beat_alone(session, beat)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Members] = loop.create_future()
-        if not self._beats:
-            loop.call_soon(self._flush_beats)
-        self._beats.append((session, beat, future))
-        return await future
+        name = store.store.name
+        try:
+            if name in self._alone:
+                result = await self._beat_alone(session, beat)
+            else:
+                loop = asyncio.get_running_loop()
+                future: asyncio.Future[Members] = loop.create_future()
+                if not self._beats:
+                    loop.call_soon(self._flush_beats)
+                self._beats.append((session, beat, future))
+                result = await future
+        except DatabaseSilentError as exc:
+            self.silence.silent(name, exc, answer_within([beat]))
+            raise
+        self.silence.answered(name)
+        return result
 
     async def holds_rows(self, store: RelayStore) -> bool:
         """Whether ``store`` holds a row in any lane, asked with the other stores that ask in
@@ -119,11 +189,17 @@ class Housekeeping:
             session, beat, future = waiting[0]
             await _settle(future, self._beat_alone(session, beat))
             return
+        beats = [beat for _, beat, _ in waiting]
         try:
-            async with self.session.connection("heartbeats", urgent=True) as conn:
-                results = await heartbeats(
-                    conn, [beat for _, beat, _ in waiting], prepare=self.prepare
-                )
+            async with self.session.connection(
+                "heartbeats", urgent=True, within=answer_within(beats)
+            ) as conn:
+                results = await heartbeats(conn, beats, prepare=self.prepare)
+        except DatabaseSilentError as exc:  # one by one would wait as long again each
+            for _, _, future in waiting:
+                if not future.done():
+                    future.set_exception(exc)
+            return
         except StoreError as exc:
             logger.debug("batched heartbeats failed, sending them one by one: %s", exc)
             for session, beat, future in waiting:
@@ -140,7 +216,8 @@ class Housekeeping:
     async def _beat_alone(self, session: Session, beat: Beat) -> Members:
         name = beat.store.store.name
         try:
-            async with session.connection("heartbeat", urgent=True) as conn:
+            within = answer_within([beat])
+            async with session.connection("heartbeat", urgent=True, within=within) as conn:
                 result = await beat.store.heartbeat(
                     conn, beat.member, beat.token, prepare=self.prepare
                 )

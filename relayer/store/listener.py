@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from relayer.errors import StoreError
@@ -23,6 +23,7 @@ from relayer.observability.throttle import ThrottledLog, shape
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import DRIVER_ERRORS, Connection, connect, hang_up, store_error
+from relayer.store.severance import Guard
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +51,12 @@ class SharedListener:
         *,
         label: str,
         name: Callable[[], str] = lambda: "listen",
+        guard: Guard | None = None,
     ) -> None:
+        """``guard`` opens the connection on the listener's behalf (given how, and what for):
+        the database's relayer.store.severance.Severance in a worker."""
         self.store = store
+        self._guard = guard
         self.label = label
         self.name = name  # of the connection (application_name relayer:NAME), when made
         self.log = ThrottledLog(logger)
@@ -98,7 +103,12 @@ class SharedListener:
                 await asyncio.wait_for(self._idle.wait(), self._retry())
 
     async def _listen(self) -> None:
-        conn = await connect(self.store, purpose=self.name(), dsn=self.store.listen_dsn)
+        purpose = self.name()
+
+        def make() -> Awaitable[Connection]:
+            return connect(self.store, purpose=purpose, dsn=self.store.listen_dsn)
+
+        conn = await (make() if self._guard is None else self._guard(make, "LISTEN (connecting)"))
         try:
             await self._serve(conn)
         finally:

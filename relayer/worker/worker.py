@@ -30,7 +30,7 @@ from relayer.errors import ConfigurationError, UsageError
 from relayer.relay.membership import new_instance_id
 from relayer.relay.trace import relay_tracer
 from relayer.settings import StoreSettings, WorkerSettings
-from relayer.store.databases import ConnectionPlan, Databases, plan_connections
+from relayer.store.databases import CUT_GRACE, ConnectionPlan, Databases, plan_connections
 from relayer.transports.base import Transport
 from relayer.transports.lifecycle import SharedTransports
 from relayer.transports.registry import create_transports
@@ -159,12 +159,13 @@ class Worker:
         self.group.stop()
         for served in self.stores.values():
             served.stop()
-        longest = max((served.stop_budget() for served in self.stores.values()), default=0.0)
-        return time.monotonic() + longest
+        stop_by = time.monotonic() + max((s.stop_budget() for s in self.stores.values()), default=0)
+        self.databases.cut_at(stop_by)  # whatever PostgreSQL does, the stop ends by then
+        return stop_by
 
     async def _finish_jobs(self, group: asyncio.Task[None], stop_by: float) -> None:
-        """Let the running jobs finish until ``stop_by``; cancel what is left then (a batch
-        rolls back: its rows stay for the next owner)."""
+        """Let the running jobs finish until ``stop_by``; then cut the database connections
+        and cancel what is left (a batch rolls back: its rows stay for the next owner)."""
         done, _ = await asyncio.wait({group}, timeout=max(stop_by - time.monotonic(), 0.0))
         if done:
             group.result()
@@ -175,7 +176,9 @@ class Worker:
             self.member,
             extra={"action": "stop_cancelled", "member": self.member},
         )
-        group.cancel()
+        self.databases.cut()  # statements end now: cancelled, each would ask a silent server
+        if not (await asyncio.wait({group}, timeout=CUT_GRACE))[0]:
+            group.cancel()
         await asyncio.wait({group})
 
     def weight(self, name: str) -> int:

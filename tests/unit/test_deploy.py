@@ -127,10 +127,14 @@ def test_compose_runs_a_worker_and_advertises_kafka_on_its_network() -> None:
 def test_the_dockerfile_installs_existing_extras_with_an_otlp_exporter() -> None:
     dockerfile = (ROOT / "docker/Dockerfile").read_text()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    [extras] = re.findall(r'pip install "\.\[([\w,]+)\]"', dockerfile)
-    assert set(extras.split(",")) <= set(project["optional-dependencies"])
+    # The image installs the lock (tests/unit/test_image_lock.py checks it is in step), made
+    # with the extras the lock script names.
+    assert "pip install --require-hashes --no-deps -r requirements.lock" in dockerfile
+    assert "pip install --no-deps --no-build-isolation --no-index ." in dockerfile
+    extras = re.findall(r"--extra (\w+)", (ROOT / "scripts/lock_image.sh").read_text())
+    assert set(extras) <= set(project["optional-dependencies"])
     extra_dependencies = project["optional-dependencies"]
-    installed = [item for extra in extras.split(",") for item in extra_dependencies[extra]]
+    installed = [item for extra in extras for item in extra_dependencies[extra]]
     assert any(dependency.startswith("opentelemetry-exporter-otlp") for dependency in installed)
     assert any(dependency.startswith("opentelemetry-distro") for dependency in installed)
     assert "USER 10001:10001" in dockerfile  # numeric: runAsNonRoot can verify it

@@ -22,6 +22,7 @@ import aio_pika
 import aiormq
 
 from relayer.errors import TransportError
+from relayer.observability.throttle import ThrottledLog, shape
 from relayer.redact import redact
 from relayer.transports.base import TransportUnavailableError
 from relayer.transports.rabbitmq import frames
@@ -66,6 +67,8 @@ class Link:
         self._warned_path = False
         self._lock = asyncio.Lock()
         self._last_failure: tuple[float, str] | None = None
+        # A connection lost again and again (a flapping network) is one line per interval.
+        self.log = ThrottledLog(logger)
 
     @property
     def open_underlay(self) -> Any:
@@ -111,6 +114,7 @@ class Link:
                     timeout=self._connect_timeout,
                     client_properties={"connection_name": f"relayer {self._name}"},
                 )
+                self.connection.close_callbacks.add(self._lost)
             self._channel = await self.connection.channel(
                 publisher_confirms=True, on_return_raises=True
             )
@@ -126,6 +130,25 @@ class Link:
             self._last_failure = (time.monotonic(), reason)
             await self.disconnect()
             raise TransportUnavailableError(reason) from exc
+
+    def _lost(self, connection: Any, exc: BaseException | None) -> None:
+        """The broker or the network ended the connection (not this transport: ``disconnect``
+        lets go of it first). Said even when no publish was waiting on it, as the rows that
+        were waiting are (relayer.relay.outcomes): aiormq's own warnings are not shown."""
+        if self.closed or connection is not self.connection:
+            return
+        reason = f"{type(exc).__name__}: {redact(str(exc))}" if exc is not None else "closed"
+        self.log.warning(
+            ("lost", shape(reason)),
+            "RabbitMQ transport %s lost its connection to %s (%s); rows wait and no attempt "
+            "is counted, it reconnects at the next publish (at most every %.1f s); check the "
+            "broker and the network if it lasts",
+            self._name,
+            self.shown_url,
+            reason,
+            self._reconnect_interval,
+            extra={"action": "transport_unavailable"},
+        )
 
     def _use_path(self, underlay: Any) -> None:
         """Write on ``underlay`` through the fast path if this aiormq is one it was tested

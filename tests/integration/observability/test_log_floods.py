@@ -275,11 +275,62 @@ def test_rabbitmq_refusing_connections_is_a_few_clear_lines_without_traceback(
         loop.run(proxy.close())
         asyncio.run(declare(delete=True))
     assert_quiet(lines, run)
-    # One line per cause (the connection lost under the confirms, then each reconnect refused),
-    # not one per lane scan.
+    # One line per cause (the transport's connection lost, the connection lost under the
+    # confirms, then each reconnect refused), not one per lane scan.
     unavailable = [line for line in lines if "action=transport_unavailable" in line]
-    assert 1 <= len(unavailable) <= 3, run.text()
-    assert all("rows wait for a broker that cannot be used now" in line for line in unavailable)
+    assert 1 <= len(unavailable) <= 4, run.text()
+    assert all(
+        "rows wait for a broker that cannot be used now" in line or "lost its connection" in line
+        for line in unavailable
+    )
+
+
+@pytest.fixture
+def rabbitmq_queue(rabbitmq_url: str) -> Iterator[str]:
+    """A durable queue of this test's own (deleted after)."""
+    import aio_pika
+
+    queue = unique("floods")
+
+    async def declare(delete: bool = False) -> None:
+        connection = await aio_pika.connect(rabbitmq_url)
+        async with connection:
+            channel = await connection.channel()
+            if delete:
+                await channel.queue_delete(queue)
+            else:
+                await channel.declare_queue(queue, durable=True)
+
+    asyncio.run(declare())
+    yield queue
+    asyncio.run(declare(delete=True))
+
+
+def test_a_rabbitmq_connection_reset_is_a_transport_unavailable_line(
+    store: StoreSettings,
+    tmp_path: Path,
+    loop: LoopThread,
+    rabbitmq_url: str,
+    rabbitmq_queue: str,
+) -> None:
+    """A connection reset while nothing is being published (so no row fails on it) is still
+    reported, as the documented ``transport_unavailable`` line that says what to do, once."""
+    proxy = loop.call(lambda: Proxy(("127.0.0.1", 5672)))
+    port = loop.run(proxy.listen())
+    url = rabbitmq_url.replace("127.0.0.1:5672", f"127.0.0.1:{port}")
+    transport = f'type = "rabbitmq"\nurl = "{url}"\nreconnect_interval = 0.2\n'
+    run = Run(config_file(tmp_path, store.require_dsn(), transport))
+    try:
+        run.wait_for("[action=start ")
+        assert loop.call(proxy.reset) == 1
+        run.wait_for("action=transport_unavailable")
+    finally:
+        assert run.stop() == 0, run.text()
+        loop.run(proxy.close())
+    [line] = [line for _, line in run.lines if "action=transport_unavailable" in line]
+    assert "lost its connection" in line and "check the broker" in line, line
+    assert line.count("no attempt is counted") == 1, line
+    assert not any("Traceback" in line for _, line in run.lines), run.text()
 
 
 def test_postgresql_refusing_connections_is_a_few_lines(
