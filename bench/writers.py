@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import multiprocessing
 import os
 import statistics
@@ -48,6 +49,7 @@ from psycopg.types.json import Jsonb
 
 from bench.common import machine, postgres, scratch_schema, server_version
 from relayer import Outbox
+from relayer.errors import RelayerError
 from relayer.operations import schema
 from relayer.settings import StoreSettings, store_settings
 
@@ -58,6 +60,8 @@ PLAIN = "plain"
 CONTENDERS = (PLAIN, *MODES)
 WARM_UP = 3  # transactions per writer before a cell's window (connection, lane-count check)
 SPARE_CONNECTIONS = 10  # left to the other users of the server
+ATTEMPTS = 3  # a cell whose writers cannot all connect is tried again ...
+RETRY_AFTER = 5.0  # ... this many seconds later
 COLUMNS = "id, lane, ordering_key, transport, destination, body, headers, deliver_at"
 
 Write = Callable[[psycopg.Connection[Any], str], None]
@@ -72,6 +76,7 @@ class Cell:
     transactions: list[float] = field(default_factory=list)  # insert + COMMIT, seconds
     commit_times: list[float] = field(default_factory=list)  # the COMMIT alone
     wakes: int = 0  # notifying transactions the wakers sent (after_commit)
+    wake_failures: int = 0  # wake-ups the wakers could not send
     error: str = ""
 
     @property
@@ -83,6 +88,7 @@ class Cell:
         self.transactions += other.transactions
         self.commit_times += other.commit_times
         self.wakes += other.wakes
+        self.wake_failures += other.wake_failures
         self.error = self.error or other.error
 
 
@@ -136,34 +142,78 @@ def writer_loop(
             cell.commit_times.append(done - committing)
 
 
+class WriterProcess:
+    """One writer process's state: its connections for the current cell, and its waker (the
+    one every after_commit write of the process hands its lanes to), whose failures it counts."""
+
+    def __init__(self, dsn: str, stores: dict[str, StoreSettings], plain: sql.Composed) -> None:
+        self.dsn = dsn
+        self.contenders = writes(stores, plain)
+        self.waker = Outbox(stores["after_commit"]).waker
+        self.failures = 0  # wake-ups the waker could not send (counted here, not logged)
+        logging.getLogger("relayer.writer.waker").setLevel(logging.CRITICAL)
+        notify = self.waker.notifier.notify
+
+        def counted(wakes: Any) -> None:
+            try:
+                notify(wakes)
+            except RelayerError:
+                self.failures += 1
+                raise
+
+        self.waker.notifier.notify = counted  # type: ignore[method-assign]
+        self.conns: list[psycopg.Connection[Any]] = []
+        self.write = self.contenders[PLAIN]
+
+    def prepare(self, contender: str, count: int) -> str | None:
+        """Connect and warm up ``count`` writers (the waker too): None, or why it failed."""
+        self.write = self.contenders[contender]
+        failures = self.failures
+        try:
+            self.conns = [psycopg.connect(self.dsn) for _ in range(count)]
+            for index, conn in enumerate(self.conns):
+                for warm in range(WARM_UP):
+                    self.write(conn, f"warm-{os.getpid()}-{index}-{warm}")
+                    conn.commit()
+        except psycopg.Error as exc:
+            self.close()
+            return " ".join(f"{type(exc).__name__}: {exc}".split())
+        self.waker.flush()
+        if self.failures > failures:
+            self.close()
+            return "the waker could not send its wake-ups (connection refused?)"
+        return None
+
+    def run(self, window: tuple[float, float]) -> Cell:
+        sent, failures = self.waker.notifier.sent, self.failures
+        cell = run_window(self.conns, self.write, window)
+        self.waker.flush()
+        cell.wakes = self.waker.notifier.sent - sent
+        cell.wake_failures = self.failures - failures
+        self.close()
+        return cell
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        self.conns = []
+        self.waker.notifier.close()  # its connection slot is free for the next cell
+
+
 def serve(pipe: Pipe, dsn: str, stores: dict[str, StoreSettings], plain: sql.Composed) -> None:
     """A writer process: prepare connections, run a window, report; until told to stop."""
-    contenders = writes(stores, plain)
-    waker = Outbox(stores["after_commit"]).waker
-    conns: list[psycopg.Connection[Any]] = []
+    process = WriterProcess(dsn, stores, plain)
     while True:
         command, argument = pipe.recv()
         if command == "stop":
             return
         if command == "prepare":
-            contender, count = argument
-            try:
-                conns = [psycopg.connect(dsn) for _ in range(count)]
-                for index, conn in enumerate(conns):
-                    for warm in range(WARM_UP):
-                        contenders[contender](conn, f"warm-{os.getpid()}-{index}-{warm}")
-                        conn.commit()
-                pipe.send(None)
-            except psycopg.Error as exc:
-                pipe.send(f"{type(exc).__name__}: {exc}")
+            pipe.send(process.prepare(*argument))
         elif command == "go":
-            window, sent = argument, waker.notifier.sent
-            pipe.send(run_window(conns, contenders[contender], window))
-            waker.flush()
-            for conn in conns:
-                conn.close()
-            waker.notifier.close()  # its connection slot is free for the next cell
-            pipe.send(waker.notifier.sent - sent)
+            pipe.send(process.run(argument))
+        elif command == "skip":
+            process.close()
+            pipe.send(None)
 
 
 def run_window(
@@ -216,21 +266,33 @@ class Writers:
             self.processes.append(process)
 
     def cell(self, contender: str, layout: list[int], seconds: float) -> Cell:
-        """One window of ``contender`` with ``layout[i]`` writers in process i."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("TRUNCATE {}").format(self.tables))
-            conn.execute("CHECKPOINT")
-        pipes = self.pipes[: len(layout)]
-        for pipe, count in zip(pipes, layout, strict=True):
-            pipe.send(("prepare", (contender, count)))
-        errors = [error for error in (pipe.recv() for pipe in pipes) if error]
+        """One window of ``contender`` with ``layout[i]`` writers in process i; the server's
+        other users may hold the connections it needs for a while: it tries again."""
+        error = ""
+        for _ in range(ATTEMPTS):
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(sql.SQL("TRUNCATE {}").format(self.tables))
+                conn.execute("CHECKPOINT")
+            pipes = self.pipes[: len(layout)]
+            for pipe, count in zip(pipes, layout, strict=True):
+                pipe.send(("prepare", (contender, count)))
+            errors = [error for error in (pipe.recv() for pipe in pipes) if error]
+            if not errors:
+                return self.window(pipes, seconds)
+            error = errors[0]
+            for pipe in pipes:
+                pipe.send(("skip", None))
+                pipe.recv()
+            time.sleep(RETRY_AFTER)
+        return Cell(error=error)
+
+    def window(self, pipes: list[Pipe], seconds: float) -> Cell:
         start = time.monotonic() + 0.5
-        total = Cell(seconds=seconds, error=errors[0] if errors else "")
+        total = Cell(seconds=seconds)
         for pipe in pipes:
             pipe.send(("go", (start, start + seconds)))
         for pipe in pipes:
             total.merge(pipe.recv())
-            total.wakes += pipe.recv()
         return total
 
     def close(self) -> None:
@@ -277,12 +339,19 @@ def spread(values: list[float], unit: Callable[[float], str]) -> str:
 
 
 def row(writers: int, shape: str, contender: str, rounds: list[Cell], plain: list[Cell]) -> str:
-    failed = next((cell.error for cell in rounds if cell.error), "")
-    if failed:
-        return f"| {writers} | {shape} | {contender} | failed: {failed} | | | | |"
-    ratios = [cell.rate / base.rate for cell, base in zip(rounds, plain, strict=True) if base.rate]
+    """One line of the table; rounds that could not run are left out, and said."""
+    ran = [cell for cell in rounds if not cell.error]
+    failed = [cell.error for cell in rounds if cell.error]
+    note = f" ({len(failed)} of {len(rounds)} rounds not run: {failed[0]})" if failed else ""
+    if not ran:
+        return f"| {writers} | {shape} | {contender} | not run{note} | | | | |"
+    ratios = [
+        cell.rate / base.rate
+        for cell, base in zip(rounds, plain, strict=True)
+        if not cell.error and not base.error and base.rate
+    ]
     pooled = Cell()
-    for cell in rounds:
+    for cell in ran:
         pooled.merge(cell)
 
     def milliseconds(values: list[float]) -> str:
@@ -291,9 +360,11 @@ def row(writers: int, shape: str, contender: str, rounds: list[Cell], plain: lis
     wakes = "-"
     if contender == "after_commit":
         wakes = f"{pooled.wakes:,} ({pooled.wakes / max(1, pooled.commits):.2f} a commit)"
-    rates = spread([cell.rate for cell in rounds], "{:,.0f}".format)
+        if pooled.wake_failures:
+            wakes += f"; {pooled.wake_failures:,} failed"
+    rates = spread([cell.rate for cell in ran], "{:,.0f}".format)
     return (
-        f"| {writers} | {shape} | {contender} | {rates}"
+        f"| {writers} | {shape} | {contender} | {rates}{note}"
         f" | {spread(ratios, '{:.2f}x'.format) if ratios else '-'}"
         f" | {milliseconds(pooled.transactions)} | {milliseconds(pooled.commit_times)}"
         f" | {wakes} |"
