@@ -1,5 +1,5 @@
-"""The broker side of a chaos run: a dedicated Kafka-protocol broker or a RabbitMQ queue, an
-optional fault proxy in front of it, and reading back everything it got."""
+"""The broker side of a chaos run: a dedicated Kafka-protocol broker, a RabbitMQ queue or a
+JetStream stream, an optional fault proxy in front of it, and reading back everything it got."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.chaos.proxy import LoopThread, Proxy, kafka_client_id
 from tests.contract.brokers import (
     Received,
     consume_kafka,
+    consume_nats,
     consume_rabbitmq,
     create_topics,
     unique,
@@ -226,3 +227,59 @@ class RabbitTarget:
         subprocess.run(
             ["rabbitmqctl", "delete_vhost", self.vhost], capture_output=True, check=False
         )
+
+
+class NatsTarget:
+    """A JetStream stream of this run's own, its subject reached through a fault proxy."""
+
+    name = "nats"
+    rereadable = True  # a stream is read from its start each time
+
+    def __init__(self, loop: LoopThread, url: str) -> None:
+        self.loop = loop
+        self.url = url
+        parts = urlsplit(url)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 4222)
+        self.proxy = loop.call(lambda: Proxy(upstream, protocol="nats"))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.stream = unique("chaos")
+        self.destination = self.stream.replace("-", "_") + ".events"
+        self.loop.run(self._stream(add=True))
+
+    async def _stream(self, *, add: bool) -> None:
+        import nats
+
+        connection = await nats.connect(self.url)
+        try:
+            if add:
+                await connection.jetstream().add_stream(
+                    name=self.stream, subjects=[self.destination]
+                )
+            else:
+                await connection.jetstream().delete_stream(self.stream)
+        finally:
+            await connection.close()
+
+    def transport_toml(self) -> str:
+        return (
+            f'type = "nats"\nurl = "nats://127.0.0.1:{self.proxy_port}"\n'
+            "reconnect_interval = 0.2\nclose_timeout = 5\n"
+        )
+
+    def read_all(self) -> list[Received]:
+        return self.loop.run(self._read_all(), timeout=300)
+
+    async def _read_all(self) -> list[Received]:
+        import nats
+
+        connection = await nats.connect(self.url)
+        try:
+            info = await connection.jetstream().stream_info(self.stream)
+            return await consume_nats(connection, self.destination, info.state.messages)
+        finally:
+            await connection.close()
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())
+        with contextlib.suppress(Exception):
+            self.loop.run(self._stream(add=False))

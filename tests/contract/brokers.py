@@ -313,3 +313,78 @@ async def consume_rabbitmq(
     finally:
         await queue.cancel(tag)
         await channel.close()
+
+
+class NatsBroker(Broker):
+    """A JetStream stream of its own per destination. Its max_msg_size lets the server refuse
+    one message of a batch (``failing``) while the others of the batch are in flight."""
+
+    name = "nats"
+    MAX_MESSAGE = 100_000
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.streams: list[str] = []
+        self.connection: Any = None
+
+    async def open(self) -> Transport:
+        import nats
+
+        from relayer.transports.nats import NatsTransport
+
+        self.connection = await nats.connect(self.url)
+        transport = NatsTransport("nats", self.url)
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        stream = unique("stream")
+        subject = stream.replace("-", "_") + ".events"
+        await self.connection.jetstream().add_stream(
+            name=stream, subjects=[subject], max_msg_size=self.MAX_MESSAGE
+        )
+        self.streams.append(stream)
+        return subject
+
+    def bad_destination(self) -> str:
+        return unique("missing-subject")
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        # Over the stream's max_msg_size (not the server's max_payload): JetStream refuses it.
+        return dataclasses.replace(message, body=b"x" * (self.MAX_MESSAGE * 2))
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        return await consume_nats(self.connection, destination, count)
+
+    async def cleanup(self) -> None:
+        if self.connection is None:
+            return
+        jetstream = self.connection.jetstream()
+        for stream in self.streams:
+            with contextlib.suppress(Exception):
+                await jetstream.delete_stream(stream)
+        await self.connection.close()
+
+
+async def consume_nats(
+    connection: Any, subject: str, count: int, idle_seconds: float = 5.0
+) -> list[Received]:
+    """Everything stored for ``subject`` from its stream's start, in stream order (at least
+    ``count`` messages, or what came before going idle)."""
+    import nats.errors
+
+    subscription = await connection.jetstream().subscribe(subject, ordered_consumer=True)
+    received: list[Received] = []
+    try:
+        while True:
+            try:
+                message = await subscription.next_msg(
+                    timeout=idle_seconds if len(received) < count else 0.5
+                )
+            except nats.errors.TimeoutError:
+                break
+            headers = dict(message.headers or {})
+            received.append(Received(message.data, headers, headers.get(ORDERING_KEY_HEADER)))
+        return received
+    finally:
+        await subscription.unsubscribe()

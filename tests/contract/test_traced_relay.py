@@ -25,6 +25,7 @@ SYSTEMS = {
     "memory": ("memory", "send"),
     "kafka": ("kafka", "send"),
     "rabbitmq": ("rabbitmq", "publish"),
+    "nats": ("nats", "publish"),
 }
 
 
