@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import nats
@@ -22,16 +22,13 @@ from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,
     DestinationError,
-    OutboundBatch,
-    OutgoingMessage,
     SendError,
-    Settle,
     TransportUnavailableError,
 )
 from relayer.transports.nats import outcomes
 from relayer.transports.nats.acks import Acknowledgements
 from relayer.transports.options import Options, TransportOptionError
-from relayer.transports.publishing import Outcome, publish_many, publish_one
+from relayer.transports.publishing import Outcome, QueuingTransport
 from relayer.transports.stalls import StallNotice
 
 # The package's name: every part of the transport logs as one (users filter on it).
@@ -46,7 +43,7 @@ _KNOWN_OPTIONS = (
 )
 
 
-class NatsTransport:
+class NatsTransport(QueuingTransport):
     """Publishes to NATS JetStream subjects and waits for each message's acknowledgement."""
 
     # OpenTelemetry's messaging.system for the relay's send spans (relayer.relay.trace).
@@ -64,12 +61,11 @@ class NatsTransport:
         ack_timeout: float = 30.0,
         ping_interval: float = 20.0,
     ) -> None:
-        self._name = name
+        super().__init__(name, close_timeout)
         self._servers = [server.strip() for server in url.split(",") if server.strip()]
         self.shown_url = redact(url)
         self._max_outstanding = max_outstanding
         self._connect_timeout = connect_timeout
-        self._close_timeout = close_timeout
         self._reconnect_interval = reconnect_interval
         self._ack_timeout = ack_timeout
         self._ping_interval = ping_interval
@@ -114,14 +110,6 @@ class NatsTransport:
 
     def __repr__(self) -> str:
         return f"NatsTransport(name={self._name!r}, url={self.shown_url!r})"
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def pipelines_within_key(self) -> bool:
-        return False
 
     async def start(self) -> None:
         """Connect (TransportUnavailableError if the server does not answer within
@@ -190,26 +178,6 @@ class NatsTransport:
                 f"{type(exc).__name__}: {redact(str(exc))}"
             ) from exc
         return True
-
-    async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
-        return await publish_one(self._enqueue, message)
-
-    async def publish_batch(
-        self,
-        batch: OutboundBatch,
-        indexes: Sequence[int],
-        settle: Settle,
-        admitting: Callable[[], bool],
-    ) -> int:
-        """``publish`` for many rows (the relay's way): no awaitable per message."""
-        return await publish_many(
-            self._enqueue,
-            self._must_wait,
-            batch,
-            indexes=indexes,
-            settle=settle,
-            admitting=admitting,
-        )
 
     def _must_wait(self) -> bool:
         return self._acks.full()
@@ -337,10 +305,6 @@ class NatsTransport:
             self.shown_url,
             extra={"action": "transport_connect"},
         )
-
-    async def close(self) -> None:
-        """Wait for outstanding acknowledgements (up to ``close_timeout``), then disconnect."""
-        await self.close_within(self._close_timeout)
 
     async def close_within(self, seconds: float) -> None:
         """``close``, returning within ``seconds`` (and ``close_timeout``) whatever the server
