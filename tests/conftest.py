@@ -1,5 +1,5 @@
-"""Shared fixtures: real PostgreSQL (a fresh database per test), Kafka, RabbitMQ and NATS, and
-each of the two paths of relayer.store.wire."""
+"""Shared fixtures: real PostgreSQL (a fresh database per test), Kafka, RabbitMQ, NATS and
+Redis, and each of the two paths of relayer.store.wire."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from relayer.store import wire
 from tests.pgbouncer import PgBouncer, find_pgbouncer
 from tests.services import (
     DEFAULT_NATS_URL,
+    DEFAULT_REDIS_URL,
     find_loopback,
     find_rabbitmq,
     start_kafka,
@@ -175,6 +176,19 @@ def nats_url() -> str:
         unavailable(
             "NATS is not available: set RELAYER_TEST_NATS_URL or run nats-server -js on "
             "127.0.0.1:4222"
+        )
+    assert service is not None
+    return service.address
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A Redis server (5.0 or later: streams)."""
+    service = find_loopback("RELAYER_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    if service is None:
+        unavailable(
+            "Redis is not available: set RELAYER_TEST_REDIS_URL or run redis-server on "
+            "127.0.0.1:6379"
         )
     assert service is not None
     return service.address

@@ -1,9 +1,9 @@
 """Transports: how the relay hands messages to a broker.
 
 ``Transport`` is the contract (see ``relayer.transports.base``). Built-in transports are
-``memory`` (fault-injectable, for tests and users), ``kafka``, ``rabbitmq`` and ``nats``
-(JetStream); third-party transports register a factory under the entry-point group
-``relayer.transports``.
+``memory`` (fault-injectable, for tests and users), ``kafka``, ``rabbitmq``, ``nats``
+(JetStream) and ``redis`` (Streams); third-party transports register a factory under the
+entry-point group ``relayer.transports``.
 """
 
 import importlib
@@ -27,6 +27,7 @@ _DRIVER_MODULES = {
     "KafkaTransport": "relayer.transports.kafka",
     "RabbitMQTransport": "relayer.transports.rabbitmq",
     "NatsTransport": "relayer.transports.nats",
+    "RedisTransport": "relayer.transports.redis",
 }
 
 
@@ -47,6 +48,7 @@ __all__ = [
     "MemoryTransport",
     "NatsTransport",
     "RabbitMQTransport",
+    "RedisTransport",
     "OutgoingMessage",
     "SendError",
     "Transport",

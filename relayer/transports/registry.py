@@ -1,8 +1,8 @@
 """From a store's transport settings to transport instances.
 
-Built-in types are ``memory``, ``kafka``, ``rabbitmq`` and ``nats``; any other ``type`` is
-looked up in the entry-point group ``relayer.transports``, whose entries are factories
-``factory(name, options) -> Transport`` (see ``TransportFactory``). The broker modules are
+Built-in types are ``memory``, ``kafka``, ``rabbitmq``, ``nats`` and ``redis``; any other
+``type`` is looked up in the entry-point group ``relayer.transports``, whose entries are
+factories ``factory(name, options) -> Transport`` (see ``TransportFactory``). The broker modules are
 imported only when a store uses them, so relayer works without those extras.
 """
 
@@ -42,6 +42,7 @@ _BUILT_INS = {
         "relayer.transports.rabbitmq", "RabbitMQTransport", "rabbitmq", "aio_pika"
     ),
     "nats": _BuiltIn("relayer.transports.nats", "NatsTransport", "nats", "nats"),
+    "redis": _BuiltIn("relayer.transports.redis", "RedisTransport", "redis", "redis"),
 }
 
 

@@ -1,5 +1,6 @@
-"""The broker side of a chaos run: a dedicated Kafka-protocol broker, a RabbitMQ queue or a
-JetStream stream, an optional fault proxy in front of it, and reading back everything it got."""
+"""The broker side of a chaos run: a dedicated Kafka-protocol broker, a RabbitMQ queue, a
+JetStream stream or a Redis stream, an optional fault proxy in front of it, and reading back
+everything it got."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.contract.brokers import (
     consume_nats,
     consume_rabbitmq,
     create_topics,
+    read_stream,
     unique,
 )
 from tests.services import unavailable
@@ -283,3 +285,44 @@ class NatsTarget:
         self.loop.run(self.proxy.close())
         with contextlib.suppress(Exception):
             self.loop.run(self._stream(add=False))
+
+
+class RedisTarget:
+    """A stream of this run's own on the Redis server, reached through a fault proxy."""
+
+    name = "redis"
+    rereadable = True  # a stream is read from its start each time
+
+    def __init__(self, loop: LoopThread, url: str) -> None:
+        self.loop = loop
+        self.url = url
+        parts = urlsplit(url)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 6379)
+        self.proxy = loop.call(lambda: Proxy(upstream))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.destination = unique("chaos")
+
+    def transport_toml(self) -> str:
+        worker_url = urlunsplit(urlsplit(self.url)._replace(netloc=f"127.0.0.1:{self.proxy_port}"))
+        return f'type = "redis"\nurl = "{worker_url}"\nsocket_timeout = 5\nclose_timeout = 5\n'
+
+    def read_all(self) -> list[Received]:
+        return self.loop.run(self._with_client(read_stream), timeout=300)
+
+    async def _with_client(self, action: Any) -> Any:
+        import redis.asyncio
+
+        client: Any = redis.asyncio.Redis.from_url(self.url)
+        try:
+            return await action(client, self.destination)
+        finally:
+            await client.aclose()
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())
+
+        async def delete(client: Any, stream: str) -> None:
+            await client.delete(stream)
+
+        with contextlib.suppress(Exception):
+            self.loop.run(self._with_client(delete))

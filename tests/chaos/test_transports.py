@@ -1,6 +1,6 @@
-"""Chaos smokes of the NATS JetStream transport: three workers, a steady writer, and the
-proxy in front of the server stalling every connection past the batch deadline, then
-resetting them all, twice. Nothing lost, no first delivery out of order (I1-I5,
+"""Chaos smokes of the NATS JetStream and Redis Streams transports: three workers, a steady
+writer, and the proxy in front of the server stalling every connection past the batch
+deadline, then resetting them all, twice. Nothing lost, no first delivery out of order (I1-I5,
 tests/chaos/checker.py). Marked ``chaos_smoke``: ``make test`` runs them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.brokers import NatsTarget
+from tests.chaos.brokers import NatsTarget, RedisTarget
 from tests.chaos.harness import Run
 from tests.chaos.proxy import LoopThread, Proxy
 from tests.chaos.test_chaos import SETTINGS, SMOKE, Scenario, hold, relay, until
@@ -42,3 +42,15 @@ def test_smoke_nats_stall_and_resets(
 ) -> None:
     scenario = stall_then_resets(nats_target.proxy)
     relay(request, FAULTS, nats_target, pg_dsn, tmp_path, loop, scenario, SMOKE)
+
+
+@pytest.mark.chaos_smoke
+def test_smoke_redis_stall_and_resets(
+    request: pytest.FixtureRequest,
+    redis_target: RedisTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    scenario = stall_then_resets(redis_target.proxy)
+    relay(request, FAULTS, redis_target, pg_dsn, tmp_path, loop, scenario, SMOKE)

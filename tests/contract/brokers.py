@@ -388,3 +388,75 @@ async def consume_nats(
         return received
     finally:
         await subscription.unsubscribe()
+
+
+class RedisBroker(Broker):
+    """A stream of its own per destination; a key of another type is the bad destination
+    (WRONGTYPE) and the failing message's."""
+
+    name = "redis"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.keys: list[str] = []
+        self.client: Any = None
+        self.wrong_type = unique("wrongtype")
+
+    async def open(self) -> Transport:
+        import redis.asyncio
+
+        from relayer.transports.redis import RedisTransport
+
+        self.client = redis.asyncio.Redis.from_url(self.url)
+        await self.client.set(self.wrong_type, "not a stream")
+        self.keys.append(self.wrong_type)
+        transport = RedisTransport("redis", self.url)
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        stream = unique("stream")
+        self.keys.append(stream)
+        return stream
+
+    def bad_destination(self) -> str:
+        return self.wrong_type
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        return dataclasses.replace(message, destination=self.wrong_type)
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        return await read_stream(self.client, destination)
+
+    async def cleanup(self) -> None:
+        if self.client is None:
+            return
+        await self.client.delete(*self.keys)
+        await self.client.aclose()
+
+
+async def read_stream(client: Any, stream: str) -> list[Received]:
+    """Every entry of ``stream``, in stream order, as a consumer of the documented fields
+    sees it (relayer.transports.redis)."""
+    from relayer.transports.redis.transport import BODY_FIELD, HEADER_FIELD_PREFIX
+
+    received: list[Received] = []
+    start = "-"
+    while True:
+        entries = await client.xrange(stream, min=start, count=10_000)
+        for _, fields in entries:
+            decoded = {name.decode(): value for name, value in fields.items()}
+            headers = {
+                name.removeprefix(HEADER_FIELD_PREFIX): value.decode()
+                for name, value in decoded.items()
+                if name.startswith(HEADER_FIELD_PREFIX)
+            }
+            for name in (MESSAGE_ID_HEADER, ORDERING_KEY_HEADER):
+                if name in decoded:
+                    headers[name] = decoded[name].decode()
+            received.append(
+                Received(decoded[BODY_FIELD], headers, headers.get(ORDERING_KEY_HEADER))
+            )
+        if len(entries) < 10_000:
+            return received
+        start = "(" + entries[-1][0].decode()

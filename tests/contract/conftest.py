@@ -1,5 +1,5 @@
-"""The contract suite runs every test against Memory, Kafka (embedded tansu), RabbitMQ and NATS
-JetStream."""
+"""The contract suite runs every test against Memory, Kafka (embedded tansu), RabbitMQ, NATS
+JetStream and Redis Streams."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from tests.contract.brokers import (
     MemoryBroker,
     NatsBroker,
     RabbitMQBroker,
+    RedisBroker,
 )
 
 
-@pytest.fixture(params=["memory", "kafka", "rabbitmq", "nats"])
+@pytest.fixture(params=["memory", "kafka", "rabbitmq", "nats", "redis"])
 async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     chosen: Broker
     if request.param == "memory":
@@ -26,8 +27,10 @@ async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
         chosen = KafkaBroker(request.getfixturevalue("kafka_bootstrap"))
     elif request.param == "rabbitmq":
         chosen = RabbitMQBroker(request.getfixturevalue("rabbitmq_url"))
-    else:
+    elif request.param == "nats":
         chosen = NatsBroker(request.getfixturevalue("nats_url"))
+    else:
+        chosen = RedisBroker(request.getfixturevalue("redis_url"))
     try:
         yield chosen
     finally:

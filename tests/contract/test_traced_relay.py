@@ -26,6 +26,7 @@ SYSTEMS = {
     "kafka": ("kafka", "send"),
     "rabbitmq": ("rabbitmq", "publish"),
     "nats": ("nats", "publish"),
+    "redis": ("redis", "send"),
 }
 
 
