@@ -112,9 +112,9 @@ class NatsTransport(QueuingTransport):
         return f"NatsTransport(name={self._name!r}, url={self.shown_url!r})"
 
     async def start(self) -> None:
-        """Connect (TransportUnavailableError if the server does not answer within
-        ``connect_timeout``); from then on nats-py reconnects by itself whenever the
-        connection is lost."""
+        """Connect and check that JetStream answers (TransportUnavailableError if the server
+        or its JetStream does not within ``connect_timeout``); from then on nats-py reconnects
+        by itself whenever the connection is lost."""
         self._closed = False
         self._last_error = None
         connection = NATS()
@@ -145,13 +145,19 @@ class NatsTransport(QueuingTransport):
                 f"{type(reason).__name__}: {redact(str(reason))}; check the url, credentials "
                 "and that the server runs"
             ) from exc
+        jetstream = connection.jetstream()
         try:
             await self._acks.listen(connection)
+            await asyncio.wait_for(jetstream.account_info(), self._connect_timeout)
         except Exception as exc:
             await _abandon(connection)
-            raise outcomes.unavailable("(the transport's reply inbox)", exc) from exc
+            raise TransportUnavailableError(
+                f"NATS transport {self._name!r}: JetStream does not answer at {self.shown_url} "
+                f"({type(exc).__name__}: {redact(str(exc))}); enable JetStream on the server "
+                "(nats-server -js, or jetstream {} in its configuration) and for the account"
+            ) from exc
         self._connection = connection
-        self._jetstream = connection.jetstream()
+        self._jetstream = jetstream
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_acknowledgements())
         logger.info(
             "NATS transport %s connected to %s",

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import socket
+import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +25,7 @@ from relayer.transports.nats import NatsTransport
 from relayer.transports.routing import Fault, classify
 from tests.chaos.proxy import Proxy
 from tests.contract.brokers import consume_nats, unique
+from tests.services import answers, unavailable
 
 
 @pytest.fixture
@@ -191,3 +196,35 @@ async def test_an_unreachable_server_is_a_clear_unavailable_error_without_the_pa
     text = str(caught.value)
     assert "cannot connect NATS transport 'nats'" in text and "127.0.0.1:9" in text
     assert "hunter2" not in text and "hunter2" not in repr(transport)
+
+
+@pytest.fixture
+def without_jetstream() -> Iterator[str]:
+    """The URL of a nats-server of the test's own, without JetStream."""
+    program = shutil.which("nats-server", path=f"{os.environ.get('PATH', '')}:/usr/sbin")
+    if program is None:
+        unavailable("nats-server is not installed: the test starts one without JetStream")
+    assert program is not None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [program, "-a", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not answers("127.0.0.1", port):
+            assert server.poll() is None and time.monotonic() < deadline, "no nats-server"
+            time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+async def test_a_server_without_jetstream_is_refused_at_start(without_jetstream: str) -> None:
+    transport = NatsTransport("nats", without_jetstream, connect_timeout=5)
+    with pytest.raises(TransportUnavailableError, match="enable JetStream"):
+        await transport.start()
