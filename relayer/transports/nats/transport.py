@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +38,9 @@ logger = logging.getLogger("relayer.transports.nats")
 # JetStream drops a message whose Nats-Msg-Id it stored within the stream's duplicate window.
 DEDUPLICATION_HEADER = "Nats-Msg-Id"
 
+# nats://TOKEN@host: the userinfo without a colon is a token (with one: user and password).
+_TOKEN = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^:/@\s]+@")
+
 _KNOWN_OPTIONS = (
     "url, max_outstanding, connect_timeout, close_timeout, reconnect_interval, ack_timeout, "
     "ping_interval"
@@ -63,8 +67,7 @@ class NatsTransport(QueuingTransport):
     ) -> None:
         super().__init__(name, close_timeout)
         self._servers = [server.strip() for server in url.split(",") if server.strip()]
-        self.shown_url = redact(url)
-        self._max_outstanding = max_outstanding
+        self.shown_url = shown(url)
         self._connect_timeout = connect_timeout
         self._reconnect_interval = reconnect_interval
         self._ack_timeout = ack_timeout
@@ -93,7 +96,9 @@ class NatsTransport(QueuingTransport):
         for server in url.split(","):
             if not server.strip().lower().startswith(("nats://", "tls://", "ws://", "wss://")):
                 raise TransportOptionError(
-                    "url", url, "must be nats://, tls://, ws:// or wss:// URLs, comma-separated"
+                    "url",
+                    shown(url),
+                    "must be nats://, tls://, ws:// or wss:// URLs, comma-separated",
                 )
         transport = cls(
             name,
@@ -142,7 +147,7 @@ class NatsTransport(QueuingTransport):
             reason = self._last_error or exc
             raise TransportUnavailableError(
                 f"cannot connect NATS transport {self._name!r} to {self.shown_url}: "
-                f"{type(reason).__name__}: {redact(str(reason))}; check the url, credentials "
+                f"{type(reason).__name__}: {shown(str(reason))}; check the url, credentials "
                 "and that the server runs"
             ) from exc
         jetstream = connection.jetstream()
@@ -153,7 +158,7 @@ class NatsTransport(QueuingTransport):
             await _abandon(connection)
             raise TransportUnavailableError(
                 f"NATS transport {self._name!r}: JetStream does not answer at {self.shown_url} "
-                f"({type(exc).__name__}: {redact(str(exc))}); enable JetStream on the server "
+                f"({type(exc).__name__}: {shown(str(exc))}); enable JetStream on the server "
                 "(nats-server -js, or jetstream {} in its configuration) and for the account"
             ) from exc
         self._connection = connection
@@ -181,7 +186,7 @@ class NatsTransport(QueuingTransport):
         except Exception as exc:  # a connection problem, not a property of the subject
             raise TransportUnavailableError(
                 f"cannot look up the JetStream stream of subject {destination!r}: "
-                f"{type(exc).__name__}: {redact(str(exc))}"
+                f"{type(exc).__name__}: {shown(str(exc))}"
             ) from exc
         return True
 
@@ -285,7 +290,7 @@ class NatsTransport(QueuingTransport):
             "credentials and the server",
             self._name,
             type(error).__name__,
-            redact(str(error)),
+            shown(str(error)),
             extra={"action": "transport_error"},
         )
 
@@ -340,6 +345,12 @@ class NatsTransport(QueuingTransport):
         if connection is not None:
             await _abandon(connection, max(deadline - time.monotonic(), 0.05))
         self._log.flush()
+
+
+def shown(text: str) -> str:
+    """``text`` (URLs, or an error that may quote one) fit to show: passwords masked, and
+    tokens (``nats://TOKEN@host``: userinfo without a colon) too."""
+    return _TOKEN.sub(r"\g<scheme>***@", redact(text))
 
 
 async def _abandon(connection: NATS, seconds: float = 1.0) -> None:

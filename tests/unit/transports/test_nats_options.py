@@ -24,6 +24,16 @@ def test_options_are_read_and_the_password_never_shown() -> None:
     assert "hunter2" not in repr(transport) and "h2:4222" in repr(transport)
 
 
+def test_a_token_in_the_url_is_never_shown() -> None:
+    transport = nats(url="nats://s3cr3tt0ken@h:4222, tls://relayer:hunter2@h2:4222")
+    assert repr(transport) == (
+        "NatsTransport(name='bus', url='nats://***@h:4222, tls://relayer:***@h2:4222')"
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        nats(url="nats://s3cr3tt0ken@h:4222,http://h2")
+    assert "s3cr3tt0ken" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("options", "field", "rule"),
     [
