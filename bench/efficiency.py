@@ -1,26 +1,30 @@
 """Efficiency: CPU per message of every process on the data path, against the machine's limit.
 
-    python bench/efficiency.py [--rows 100000] [--transport kafka,rabbitmq,memory] [--rounds 1]
+    python bench/efficiency.py [--rows 100000] [--transport kafka,rabbitmq,nats,redis,memory]
+                               [--rounds 1]
                                [--no-steady] [--no-drains] [--steady-seconds 30]
                                [--steady-rate 1000] [--instructions]
                                [--lanes 65536]
 
 Contenders, measured in one run against the same PostgreSQL and brokers:
-- relay -> Kafka / RabbitMQ / memory: ``relayer --config FILE run STORE`` (the real CLI, default
-  worker settings; the store has 64 lanes, the default batch size and notify on) started on an
-  empty outbox; once it serves and has relayed 1,000 unmeasured rows, N rows (200-byte
-  bodies, 10,000 keys) are written in ONE transaction; CPU counters are read right before its
-  COMMIT and again when the outbox is empty. msg/s = N / (empty - committed).
-- bare confluent-kafka producer and bare RabbitMQ publisher (aio-pika, pipelined confirms), in
-  a child process, the same messages from memory; the child measures its own CPU around the
-  send loop only.
+- relay -> Kafka / RabbitMQ / NATS JetStream / Redis Streams / memory: ``relayer --config
+  FILE run STORE`` (the real CLI, default worker settings; the store has 64 lanes, the default
+  batch size and notify on) started on an empty outbox; once it serves and has relayed 1,000
+  unmeasured rows, N rows (200-byte bodies, 10,000 keys) are written in ONE transaction; CPU
+  counters are read right before its COMMIT and again when the outbox is empty.
+  msg/s = N / (empty - committed).
+- bare confluent-kafka producer, bare RabbitMQ publisher (aio-pika, pipelined confirms), bare
+  NATS publisher (nats-py, 1,000 acknowledgements outstanding) and bare Redis client (XADDs in
+  pipelines of 1,000: bench/queued_brokers.py), in a child process, the same messages from
+  memory; the child measures its own CPU around the send loop only.
 - the least PostgreSQL work: a child that, per lane and in one transaction, locks the lane's
   lease row, reads 500 rows head first, deletes them by an id array and commits; its own CPU
   and its backend's.
 CPU is user + system time from /proc: per thread (schedstat, in ns) for the worker (the main
 thread apart from the others), the worker's PostgreSQL backends (pg_stat_activity rows whose
 application_name is relayer:STORE:..., the store's name being unique to the run) and the broker
-(tansu's process, or RabbitMQ's beam.smp, which other users of a shared server pollute).
+(tansu's process, RabbitMQ's beam.smp, nats-server or redis-server: other users of a shared
+server pollute the last three).
 The physical limit per message is the floor (client + backend) + the bare producer + the
 broker's CPU per message under the bare producer; relayer's fraction is limit / relayer total.
 
@@ -78,12 +82,13 @@ from bench.efficiency_processes import (
     write_config,
 )
 from bench.efficiency_steady import LABELS, idle, steady
+from bench.queued_brokers import nats_pids, redis_pids
 from bench.relay import applied, make_store, write_backlog
 from bench.transport_bare import kafka_cluster
 from relayer.redact import redact
 
 ROOT = Path(__file__).resolve().parents[1]
-TRANSPORTS = ("kafka", "rabbitmq", "memory")
+TRANSPORTS = ("kafka", "rabbitmq", "nats", "redis", "memory")
 DEFAULT_LANES = 64
 WARM_UP_ROWS = 1_000  # relayed before each drain's backlog, not measured
 
@@ -205,6 +210,15 @@ async def bare_rabbitmq(environment: Environment) -> Row:
         return await bare(label, environment, "rabbitmq", "bare-rabbitmq", options)
 
 
+async def bare_queued(environment: Environment, transport: str) -> Row:
+    """The bare NATS publisher or Redis client (bench/queued_brokers.py)."""
+    async with destination(environment, transport) as target:
+        url = getattr(environment.arguments, f"{transport}_url")
+        options = {"url": url, "destination": target, "rows": environment.arguments.rows}
+        label = {"nats": "bare NATS publisher (nats-py)", "redis": "bare Redis XADD (redis-py)"}
+        return await bare(label[transport], environment, transport, f"bare-{transport}", options)
+
+
 async def bare(
     label: str, environment: Environment, transport: str, kind: str, options: dict[str, Any]
 ) -> Row:
@@ -278,6 +292,10 @@ def contenders(environment: Environment) -> list[tuple[str, Callable[[], Awaitab
             found.append(("bare kafka", lambda: bare_kafka(environment)))
         if transport == "rabbitmq":
             found.append(("bare rabbitmq", lambda: bare_rabbitmq(environment)))
+        if transport in ("nats", "redis"):
+            found.append(
+                (f"bare {transport}", lambda chosen=transport: bare_queued(environment, chosen))
+            )
     found.append(("floor", lambda: least_postgres_work(environment)))
     return found
 
@@ -373,6 +391,12 @@ def print_limits(results: dict[str, Row], environment: Environment) -> None:
             "their load. The bare aio-pika publisher costs more client CPU than relayer's own "
             "frame-writing publisher, so the RabbitMQ limit is not a lower bound"
         )
+    if "nats" in environment.arguments.transports:
+        print(
+            "- The bare nats-py publisher (publish_async: a semaphore, a future and a token a "
+            "message) costs more client CPU than relayer's reply inbox, so the NATS limit is "
+            "not a lower bound either"
+        )
 
 
 def commit() -> str:
@@ -411,6 +435,9 @@ async def main_async(arguments: argparse.Namespace) -> None:
             pids = rabbitmq_pids()
             if pids:
                 environment.broker_pids["rabbitmq"] = pids
+        for transport, find in (("nats", nats_pids), ("redis", redis_pids)):
+            if transport in arguments.transports and (pids := find()):
+                environment.broker_pids[transport] = pids
         if arguments.drains:
             results = await measure_all(environment)
             print_table(list(results.values()), arguments.rounds)
@@ -517,7 +544,7 @@ def main() -> None:
         dest="transports",
         type=transports,
         default=list(TRANSPORTS),
-        help="comma-separated: kafka,rabbitmq,memory",
+        help="comma-separated: kafka,rabbitmq,nats,redis,memory",
     )
     parser.add_argument(
         "--rabbitmq-rows",
@@ -584,6 +611,8 @@ def main() -> None:
     )
     parser.add_argument("--kafka-bootstrap", help="default: an embedded tansu broker")
     parser.add_argument("--rabbitmq-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    parser.add_argument("--nats-url", default="nats://127.0.0.1:4222")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     arguments = parser.parse_args()
     if arguments.instructions and (missing := Callgrind.missing()):
         parser.error(f"--instructions needs {' and '.join(missing)} on PATH (valgrind's package)")

@@ -1,6 +1,7 @@
 """The processes bench/efficiency.py measures, each started as ``python THIS KIND JSON``.
 
-- ``bare-kafka``, ``bare-kafka-steady``, ``bare-rabbitmq``, ``floor``: set up, print
+- ``bare-kafka``, ``bare-kafka-steady``, ``bare-rabbitmq``, ``bare-nats``, ``bare-redis``,
+  ``floor``: set up, print
   ``{"ready": ...}``, wait for a line on stdin, do the measured work, print one JSON line with
   its own CPU seconds (main thread and whole process, ``time.thread_time`` /
   ``time.process_time``) around that work.
@@ -144,6 +145,18 @@ async def bare_rabbitmq(options: dict[str, Any]) -> None:
         report(spent(before, seconds=time.perf_counter() - started))
     finally:
         await connection.close()
+
+
+async def bare_queued(kind: str, options: dict[str, Any]) -> None:
+    """bare-nats or bare-redis (bench/queued_brokers.py), from the same messages."""
+    from bench.queued_brokers import add_redis, publish_nats
+
+    batch = messages(options["rows"], KEYS, "")
+    send = publish_nats if kind == "bare-nats" else add_redis
+    await asyncio.to_thread(ready)
+    started, before = time.perf_counter(), clocks()
+    await send(options["url"], options["destination"], batch)
+    report(spent(before, seconds=time.perf_counter() - started))
 
 
 # -- the least PostgreSQL work ---------------------------------------------------------------
@@ -485,6 +498,8 @@ def main() -> None:
         bare_kafka_steady(options)
     elif kind == "bare-rabbitmq":
         asyncio.run(bare_rabbitmq(options))
+    elif kind in ("bare-nats", "bare-redis"):
+        asyncio.run(bare_queued(kind, options))
     elif kind == "floor":
         floor(options)
     elif kind == "floor-steady":

@@ -71,6 +71,10 @@ def transport_options(environment: Environment, transport: str) -> dict[str, Any
         return {"type": "kafka", "bootstrap.servers": environment.bootstrap}
     if transport == "rabbitmq":
         return {"type": "rabbitmq", "url": environment.arguments.rabbitmq_url}
+    if transport == "nats":
+        return {"type": "nats", "url": environment.arguments.nats_url}
+    if transport == "redis":
+        return {"type": "redis", "url": environment.arguments.redis_url}
     return {"type": "memory"}
 
 
@@ -84,6 +88,16 @@ async def destination(environment: Environment, transport: str) -> AsyncIterator
     elif transport == "rabbitmq":
         async with rabbitmq_queue(environment.arguments.rabbitmq_url) as queue:
             yield "/" + queue
+    elif transport == "nats":
+        from bench.queued_brokers import nats_subject
+
+        async with nats_subject(environment.arguments.nats_url) as subject:
+            yield subject
+    elif transport == "redis":
+        from bench.queued_brokers import redis_stream
+
+        async with redis_stream(environment.arguments.redis_url) as stream:
+            yield stream
     else:
         yield "events"
 

@@ -39,7 +39,13 @@ WARM_UP = 5.0  # seconds of writing before the measured window opens
 ACK_SAMPLE = 4  # one message in this many gets an acknowledgement time
 SETTLE = 2.0  # the least wait after "serving" before the idle window opens
 
-LABELS = {"kafka": "Kafka", "rabbitmq": "RabbitMQ", "memory": "memory"}
+LABELS = {
+    "kafka": "Kafka",
+    "rabbitmq": "RabbitMQ",
+    "nats": "NATS JetStream",
+    "redis": "Redis Streams",
+    "memory": "memory",
+}
 
 
 class Steady:

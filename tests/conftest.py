@@ -1,5 +1,5 @@
-"""Shared fixtures: real PostgreSQL (a fresh database per test), Kafka and RabbitMQ, and each of
-the two paths of relayer.store.wire."""
+"""Shared fixtures: real PostgreSQL (a fresh database per test), Kafka, RabbitMQ, NATS and
+Redis, and each of the two paths of relayer.store.wire."""
 
 from __future__ import annotations
 
@@ -19,7 +19,16 @@ from relayer.operations import schema
 from relayer.settings import StoreSettings, store_settings
 from relayer.store import wire
 from tests.pgbouncer import PgBouncer, find_pgbouncer
-from tests.services import find_rabbitmq, start_kafka, start_postgres, started, unavailable
+from tests.services import (
+    DEFAULT_NATS_URL,
+    DEFAULT_REDIS_URL,
+    find_loopback,
+    find_rabbitmq,
+    start_kafka,
+    start_postgres,
+    started,
+    unavailable,
+)
 
 _database_numbers = itertools.count()
 
@@ -157,6 +166,32 @@ def rabbitmq_url() -> Iterator[str]:
         yield service.address
     finally:
         service.stop()
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> str:
+    """A NATS server with JetStream enabled."""
+    service = find_loopback("RELAYER_TEST_NATS_URL", DEFAULT_NATS_URL)
+    if service is None:
+        unavailable(
+            "NATS is not available: set RELAYER_TEST_NATS_URL or run nats-server -js on "
+            "127.0.0.1:4222"
+        )
+    assert service is not None
+    return service.address
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """A Redis server (5.0 or later: streams)."""
+    service = find_loopback("RELAYER_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    if service is None:
+        unavailable(
+            "Redis is not available: set RELAYER_TEST_REDIS_URL or run redis-server on "
+            "127.0.0.1:6379"
+        )
+    assert service is not None
+    return service.address
 
 
 def start_pgbouncer(server: str, **options: Any) -> PgBouncer:

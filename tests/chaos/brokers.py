@@ -1,5 +1,6 @@
-"""The broker side of a chaos run: a dedicated Kafka-protocol broker or a RabbitMQ queue, an
-optional fault proxy in front of it, and reading back everything it got."""
+"""The broker side of a chaos run: a dedicated Kafka-protocol broker, a RabbitMQ queue, a
+JetStream stream or a Redis stream, an optional fault proxy in front of it, and reading back
+everything it got."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from tests.chaos.proxy import LoopThread, Proxy, kafka_client_id
 from tests.contract.brokers import (
     Received,
     consume_kafka,
+    consume_nats,
     consume_rabbitmq,
     create_topics,
+    read_stream,
     unique,
 )
 from tests.services import unavailable
@@ -226,3 +229,100 @@ class RabbitTarget:
         subprocess.run(
             ["rabbitmqctl", "delete_vhost", self.vhost], capture_output=True, check=False
         )
+
+
+class NatsTarget:
+    """A JetStream stream of this run's own, its subject reached through a fault proxy."""
+
+    name = "nats"
+    rereadable = True  # a stream is read from its start each time
+
+    def __init__(self, loop: LoopThread, url: str) -> None:
+        self.loop = loop
+        self.url = url
+        parts = urlsplit(url)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 4222)
+        self.proxy = loop.call(lambda: Proxy(upstream, protocol="nats"))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.stream = unique("chaos")
+        self.destination = self.stream.replace("-", "_") + ".events"
+        self.loop.run(self._stream(add=True))
+
+    async def _stream(self, *, add: bool) -> None:
+        import nats
+
+        connection = await nats.connect(self.url)
+        try:
+            if add:
+                await connection.jetstream().add_stream(
+                    name=self.stream, subjects=[self.destination]
+                )
+            else:
+                await connection.jetstream().delete_stream(self.stream)
+        finally:
+            await connection.close()
+
+    def transport_toml(self) -> str:
+        return (
+            f'type = "nats"\nurl = "nats://127.0.0.1:{self.proxy_port}"\n'
+            "reconnect_interval = 0.2\nclose_timeout = 5\n"
+        )
+
+    def read_all(self) -> list[Received]:
+        return self.loop.run(self._read_all(), timeout=300)
+
+    async def _read_all(self) -> list[Received]:
+        import nats
+
+        connection = await nats.connect(self.url)
+        try:
+            info = await connection.jetstream().stream_info(self.stream)
+            return await consume_nats(connection, self.destination, info.state.messages)
+        finally:
+            await connection.close()
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())
+        with contextlib.suppress(Exception):
+            self.loop.run(self._stream(add=False))
+
+
+class RedisTarget:
+    """A stream of this run's own on the Redis server, reached through a fault proxy."""
+
+    name = "redis"
+    rereadable = True  # a stream is read from its start each time
+
+    def __init__(self, loop: LoopThread, url: str) -> None:
+        self.loop = loop
+        self.url = url
+        parts = urlsplit(url)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 6379)
+        self.proxy = loop.call(lambda: Proxy(upstream))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.destination = unique("chaos")
+
+    def transport_toml(self) -> str:
+        worker_url = urlunsplit(urlsplit(self.url)._replace(netloc=f"127.0.0.1:{self.proxy_port}"))
+        return f'type = "redis"\nurl = "{worker_url}"\nsocket_timeout = 5\nclose_timeout = 5\n'
+
+    def read_all(self) -> list[Received]:
+        return self.loop.run(self._with_client(read_stream), timeout=300)
+
+    async def _with_client(self, action: Any) -> Any:
+        import redis.asyncio
+
+        client: Any = redis.asyncio.Redis.from_url(self.url)
+        try:
+            return await action(client, self.destination)
+        finally:
+            await client.aclose()
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())
+
+        async def delete(client: Any, stream: str) -> None:
+            await client.delete(stream)
+
+        with contextlib.suppress(Exception):
+            self.loop.run(self._with_client(delete))

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from relayer.embedded import EmbeddedPostgres
-from tests.chaos.brokers import KafkaTarget, RabbitTarget
+from tests.chaos.brokers import KafkaTarget, NatsTarget, RabbitTarget, RedisTarget
 from tests.chaos.checker import RESULTS, table
 from tests.chaos.proxy import LoopThread
 from tests.conftest import start_pgbouncer, with_database
@@ -36,6 +36,24 @@ def kafka(loop: LoopThread) -> Iterator[KafkaTarget]:
 @pytest.fixture
 def rabbitmq(loop: LoopThread, rabbitmq_url: str) -> Iterator[RabbitTarget]:
     target = RabbitTarget(loop, rabbitmq_url, proxied=True)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def nats_target(loop: LoopThread, nats_url: str) -> Iterator[NatsTarget]:
+    target = NatsTarget(loop, nats_url)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def redis_target(loop: LoopThread, redis_url: str) -> Iterator[RedisTarget]:
+    target = RedisTarget(loop, redis_url)
     try:
         yield target
     finally:

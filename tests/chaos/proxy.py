@@ -129,7 +129,9 @@ class Proxy:
 
     def __init__(self, upstream: tuple[str, int] | str, *, protocol: str | None = None) -> None:
         """``upstream``: (host, port), or the path of a Unix socket. ``protocol``: None,
-        ``"postgres"`` or ``"kafka"``."""
+        ``"postgres"``, ``"kafka"`` or ``"nats"`` (whose server speaks first: the proxy
+        connects upstream without waiting for the client's first bytes, and ``block`` cannot
+        tell its clients apart)."""
         self.upstream = upstream
         self.protocol = protocol
         self.latency = 0.0
@@ -200,10 +202,11 @@ class Proxy:
         link = Link(tag, writer)
         self.links.add(link)
         try:
-            link.hello = await reader.read(65536)
-            if not link.hello or (self.refuse is not None and self.refuse(link.hello)):
-                self._abort(link)
-                return
+            if self.protocol != "nats":
+                link.hello = await reader.read(65536)
+                if not link.hello or (self.refuse is not None and self.refuse(link.hello)):
+                    self._abort(link)
+                    return
             try:
                 if isinstance(self.upstream, str):
                     up_reader, link.upstream = await asyncio.open_unix_connection(self.upstream)

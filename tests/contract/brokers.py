@@ -313,3 +313,150 @@ async def consume_rabbitmq(
     finally:
         await queue.cancel(tag)
         await channel.close()
+
+
+class NatsBroker(Broker):
+    """A JetStream stream of its own per destination. Its max_msg_size lets the server refuse
+    one message of a batch (``failing``) while the others of the batch are in flight."""
+
+    name = "nats"
+    MAX_MESSAGE = 100_000
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.streams: list[str] = []
+        self.connection: Any = None
+
+    async def open(self) -> Transport:
+        import nats
+
+        from relayer.transports.nats import NatsTransport
+
+        self.connection = await nats.connect(self.url)
+        transport = NatsTransport("nats", self.url)
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        stream = unique("stream")
+        subject = stream.replace("-", "_") + ".events"
+        await self.connection.jetstream().add_stream(
+            name=stream, subjects=[subject], max_msg_size=self.MAX_MESSAGE
+        )
+        self.streams.append(stream)
+        return subject
+
+    def bad_destination(self) -> str:
+        return unique("missing-subject")
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        # Over the stream's max_msg_size (not the server's max_payload): JetStream refuses it.
+        return dataclasses.replace(message, body=b"x" * (self.MAX_MESSAGE * 2))
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        return await consume_nats(self.connection, destination, count)
+
+    async def cleanup(self) -> None:
+        if self.connection is None:
+            return
+        jetstream = self.connection.jetstream()
+        for stream in self.streams:
+            with contextlib.suppress(Exception):
+                await jetstream.delete_stream(stream)
+        await self.connection.close()
+
+
+async def consume_nats(
+    connection: Any, subject: str, count: int, idle_seconds: float = 5.0
+) -> list[Received]:
+    """Everything stored for ``subject`` from its stream's start, in stream order (at least
+    ``count`` messages, or what came before going idle)."""
+    import nats.errors
+
+    subscription = await connection.jetstream().subscribe(subject, ordered_consumer=True)
+    received: list[Received] = []
+    try:
+        while True:
+            try:
+                message = await subscription.next_msg(
+                    timeout=idle_seconds if len(received) < count else 0.5
+                )
+            except nats.errors.TimeoutError:
+                break
+            headers = dict(message.headers or {})
+            received.append(Received(message.data, headers, headers.get(ORDERING_KEY_HEADER)))
+        return received
+    finally:
+        await subscription.unsubscribe()
+
+
+class RedisBroker(Broker):
+    """A stream of its own per destination; a key of another type is the bad destination
+    (WRONGTYPE) and the failing message's."""
+
+    name = "redis"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.keys: list[str] = []
+        self.client: Any = None
+        self.wrong_type = unique("wrongtype")
+
+    async def open(self) -> Transport:
+        import redis.asyncio
+
+        from relayer.transports.redis import RedisTransport
+
+        self.client = redis.asyncio.Redis.from_url(self.url)
+        await self.client.set(self.wrong_type, "not a stream")
+        self.keys.append(self.wrong_type)
+        transport = RedisTransport("redis", self.url)
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        stream = unique("stream")
+        self.keys.append(stream)
+        return stream
+
+    def bad_destination(self) -> str:
+        return self.wrong_type
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        return dataclasses.replace(message, destination=self.wrong_type)
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        return await read_stream(self.client, destination)
+
+    async def cleanup(self) -> None:
+        if self.client is None:
+            return
+        await self.client.delete(*self.keys)
+        await self.client.aclose()
+
+
+async def read_stream(client: Any, stream: str) -> list[Received]:
+    """Every entry of ``stream``, in stream order, as a consumer of the documented fields
+    sees it (relayer.transports.redis)."""
+    from relayer.transports.redis.transport import BODY_FIELD, HEADER_FIELD_PREFIX
+
+    received: list[Received] = []
+    start = "-"
+    while True:
+        entries = await client.xrange(stream, min=start, count=10_000)
+        for _, fields in entries:
+            decoded = {name.decode(): value for name, value in fields.items()}
+            headers = {
+                name.removeprefix(HEADER_FIELD_PREFIX): value.decode()
+                for name, value in decoded.items()
+                if name.startswith(HEADER_FIELD_PREFIX)
+            }
+            for name in (MESSAGE_ID_HEADER, ORDERING_KEY_HEADER):
+                if name in decoded:
+                    headers[name] = decoded[name].decode()
+            received.append(
+                Received(decoded[BODY_FIELD], headers, headers.get(ORDERING_KEY_HEADER))
+            )
+        if len(entries) < 10_000:
+            return received
+        start = "(" + entries[-1][0].decode()

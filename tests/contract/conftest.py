@@ -1,4 +1,5 @@
-"""The contract suite runs every test against Memory, Kafka (embedded tansu) and RabbitMQ."""
+"""The contract suite runs every test against Memory, Kafka (embedded tansu), RabbitMQ, NATS
+JetStream and Redis Streams."""
 
 from __future__ import annotations
 
@@ -7,18 +8,29 @@ from collections.abc import AsyncIterator
 import pytest
 
 from relayer.transports.base import Transport
-from tests.contract.brokers import Broker, KafkaBroker, MemoryBroker, RabbitMQBroker
+from tests.contract.brokers import (
+    Broker,
+    KafkaBroker,
+    MemoryBroker,
+    NatsBroker,
+    RabbitMQBroker,
+    RedisBroker,
+)
 
 
-@pytest.fixture(params=["memory", "kafka", "rabbitmq"])
+@pytest.fixture(params=["memory", "kafka", "rabbitmq", "nats", "redis"])
 async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     chosen: Broker
     if request.param == "memory":
         chosen = MemoryBroker()
     elif request.param == "kafka":
         chosen = KafkaBroker(request.getfixturevalue("kafka_bootstrap"))
-    else:
+    elif request.param == "rabbitmq":
         chosen = RabbitMQBroker(request.getfixturevalue("rabbitmq_url"))
+    elif request.param == "nats":
+        chosen = NatsBroker(request.getfixturevalue("nats_url"))
+    else:
+        chosen = RedisBroker(request.getfixturevalue("redis_url"))
     try:
         yield chosen
     finally:

@@ -25,6 +25,8 @@ SYSTEMS = {
     "memory": ("memory", "send"),
     "kafka": ("kafka", "send"),
     "rabbitmq": ("rabbitmq", "publish"),
+    "nats": ("nats", "publish"),
+    "redis": ("redis", "send"),
 }
 
 

@@ -21,7 +21,7 @@ def settings(kind: str, **options: Any) -> TransportSettings:
 
 
 def test_built_in_types() -> None:
-    assert known_types()[:3] == ["memory", "kafka", "rabbitmq"]
+    assert known_types()[:5] == ["memory", "kafka", "rabbitmq", "nats", "redis"]
     memory = create_transport("orders", "test", settings("memory", pipelines_within_key=False))
     assert isinstance(memory, MemoryTransport) and memory.name == "test"
     kafka = create_transport("orders", "events", settings("kafka", bootstrap_servers="k:9092"))
