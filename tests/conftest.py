@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from hypothesis import settings as hypothesis_settings
 from psycopg import sql
 
 from relayer.operations import schema
@@ -29,6 +30,11 @@ from tests.services import (
     started,
     unavailable,
 )
+
+# Property tests never fail for being slow: hypothesis's default deadline (200 ms an example)
+# fails them on a busy machine, and tests must not depend on timing.
+hypothesis_settings.register_profile("relayer", deadline=None)
+hypothesis_settings.load_profile("relayer")
 
 _database_numbers = itertools.count()
 
