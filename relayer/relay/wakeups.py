@@ -188,15 +188,37 @@ class Wakeups:
         while every owned lane has a scan waiting or running probes nothing: each of them is
         scanned anyway (under a backlog the probe of a whole share cost more than a batch)."""
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                wait = next_tick(self.idle_poll_wait(), self.schedule.now())
-                await asyncio.wait_for(stop.wait(), wait)
-            if stop.is_set():
-                break
+            if self.idle and not self._reliable_wakeups:
+                await self._poll_idle(stop)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    wait = next_tick(self.idle_poll_wait(), self.schedule.now())
+                    await asyncio.wait_for(stop.wait(), wait)
+                if stop.is_set():
+                    break
+                self.polls += 1
+                if not self.schedule.every_lane_queued():
+                    self.wake_all(fallback=True)
+            tick()
+
+    @property
+    def idle(self) -> bool:
+        """The last poll found no lane to wake."""
+        return self._idle_polls > 0
+
+    async def _poll_idle(self, stop: asyncio.Event) -> None:
+        """An idle store whose wake-ups can be lost is still polled every poll_interval, by
+        its database's idle watch (relayer.store.idle): with the other idle stores, one
+        statement a round, and this store woken only when a round finds a row in its lanes
+        (or after longest_poll, to tick)."""
+        held = await self.database.idle.wait_for_rows(
+            self.statements, self.poll_interval, self.longest_poll, stop
+        )
+        if held and not stop.is_set():
             self.polls += 1
+            self._idle_polls = 0  # probe the share itself (idle stores ask holds_rows)
             if not self.schedule.every_lane_queued():
                 self.wake_all(fallback=True)
-            tick()
 
     async def listen(self, stop: asyncio.Event) -> None:
         """Wake lanes on writers' notifications, through the LISTEN connection the stores of

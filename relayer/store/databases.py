@@ -40,6 +40,7 @@ from relayer.store.budget import BatchPool, ConnectionBudget
 from relayer.store.connections import Session, batch_settings, can_listen
 from relayer.store.driver import Connection, connect
 from relayer.store.housekeeping import Housekeeping
+from relayer.store.idle import IdleWatch
 from relayer.store.listener import SharedListener
 from relayer.store.severance import Severance
 
@@ -167,6 +168,7 @@ class Database:
         self.batched = Housekeeping(
             self.housekeeping, prepare=store.pooler != "transaction", label=key.label
         )
+        self.idle = IdleWatch(self.housekeeping)  # idle stores polled together
         self.listener = (
             SharedListener(
                 store,
@@ -244,6 +246,7 @@ class Database:
             self.housekeeping.keep_prepared(HOUSEKEEPING_PREPARED + len(self.stores))
             return
         await self.batched.close()
+        await self.idle.close()
         await self.housekeeping.close()
         await self.pool.close()
         self._unreserve()

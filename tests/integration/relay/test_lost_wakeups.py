@@ -51,8 +51,9 @@ async def test_rows_whose_wake_ups_are_lost_are_delivered_by_the_next_poll(pg_ds
     try:
         await asyncio.wait_for(worker.started.wait(), 30)
         wakeups = worker.stores[store.name].relay.wakeups
-        async with asyncio.timeout(30):  # let the store go idle: polls find nothing
-            while wakeups.polls < 3:
+        watch = wakeups.database.idle
+        async with asyncio.timeout(30):  # idle: its database's idle watch polls for it
+            while not wakeups.idle or watch.rounds < 2:
                 await asyncio.sleep(0.05)
         assert wakeups.idle_poll_wait() == 0.3  # no idle doubling: wake-ups can be lost
         found_at: list[int] = []  # the poll whose probe found rows
@@ -84,3 +85,55 @@ async def test_rows_whose_wake_ups_are_lost_are_delivered_by_the_next_poll(pg_ds
     # Found by the first poll after the commit, or the second when the commit came between
     # the first one's count and its probe.
     assert found_at and 1 <= found_at[0] - committed_at <= 2, (committed_at, found_at)
+
+
+async def test_idle_stores_of_one_database_are_polled_together(pg_dsn: str) -> None:
+    """Idle stores whose wake-ups can be lost wait in their database's idle watch: every
+    round asks all of them in one statement and wakes only the store that holds a row; the
+    others are not polled one by one (their poll counts stay)."""
+    stores = [
+        make_store(
+            pg_dsn,
+            name=f"idle{number}",
+            table_prefix=f"idle{number}_",
+            lanes=4,
+            poll_interval="0.3s",
+            transports={"memory": {"type": "memory"}},
+            default_transport="memory",
+        )
+        for number in range(4)
+    ]
+    for store in stores:
+        await apply_schema(store)
+    memory = MemoryTransport("memory")
+    worker = Worker(stores, transports={store.name: {"memory": memory} for store in stores})
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    outbox = Outbox(stores[0])
+    dropped = Dropped(stores[0])
+    outbox._waker = Waker(stores[0], notifier=dropped)  # only the poll can find the row
+    try:
+        await asyncio.wait_for(worker.started.wait(), 30)
+        wakeups = [worker.stores[store.name].relay.wakeups for store in stores]
+        watch = wakeups[0].database.idle
+        assert all(each.database.idle is watch for each in wakeups)
+        async with asyncio.timeout(30):  # every store idle, waiting in one round
+            while not all(each.idle for each in wakeups) or watch.waiting(0.3) < len(stores):
+                await asyncio.sleep(0.02)
+        polls = [each.polls for each in wakeups]
+        rounds = watch.rounds
+        async with asyncio.timeout(30):
+            while watch.rounds < rounds + 3:
+                await asyncio.sleep(0.02)
+        assert [each.polls for each in wakeups] == polls  # no store polled on its own
+        async with await psycopg.AsyncConnection.connect(pg_dsn) as conn:
+            await outbox.write_async(conn, destination="events", body=b"late", key="k")
+            await conn.commit()
+        async with asyncio.timeout(60):
+            while not memory.received("events"):
+                await asyncio.sleep(0.02)
+        assert [each.polls for each in wakeups[1:]] == polls[1:]  # only its store was woken
+        assert wakeups[0].polls > polls[0]
+    finally:
+        stop.set()
+        await task
