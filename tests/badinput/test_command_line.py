@@ -53,7 +53,7 @@ CASES: list[tuple[CliCase, str]] = [
     (
         CliCase("unknown-command", ("relay",)),
         "relayer: error: argument COMMAND: invalid choice: 'relay' (choose from 'schema', 'run', "
-        "'status', 'parked', 'queue', 'dashboard', 'demo', 'completion'); `relayer --help` "
+        "'status', 'parked', 'queue', 'dashboard', 'demo', 'dev', 'completion'); `relayer --help` "
         "shows the usage",
     ),
     (
