@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from relayer import LaneCountMismatchError, Outbox, SchemaNotAppliedError
-from relayer.errors import SchemaDriftError
+from relayer.errors import MissingPrivilegeError, SchemaDriftError
 from relayer.operations import schema
 from relayer.operations.schema import latest_version
 from relayer.settings import StoreSettings
@@ -191,7 +191,7 @@ async def test_a_role_without_temp_privilege_still_starts(store: StoreSettings) 
     try:
         limited = psycopg.conninfo.make_conninfo(dsn, user=role)
         async with await psycopg.AsyncConnection.connect(limited, autocommit=True) as conn:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with pytest.raises(MissingPrivilegeError, match="needs the TEMPORARY privilege"):
                 await schema.check(conn, store)
             assert (await schema.require_meta(conn, store)).lanes == store.lanes
     finally:
