@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from relayer.store.maintenance import DEAD_RATIO_WARNING, DEAD_ROWS_WARNING, TableHealth
+
 
 def age(seconds: float | None) -> str:
     if seconds is None:
@@ -49,6 +51,30 @@ def percent(value: float) -> str:
     return f"{value:.0%}"
 
 
+def clip(text: str, limit: int = 160) -> str:
+    """``text`` if it has at most ``limit`` characters, else its start cut after the last
+    whole word that fits (a word longer than half of ``limit`` is cut) and an ellipsis."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit + 1]
+    space = max(head.rfind(" "), head.rfind("\n"))
+    head = head[:space] if space >= limit // 2 else text[:limit]
+    return head.rstrip(" ,;:.(\n") + "…"
+
+
+def dead_note(table: TableHealth) -> str:
+    """What the share of dead rows beside it means, when it is high."""
+    if table.bloated:
+        return "autovacuum is behind: see the warning above"
+    if table.dead_ratio >= DEAD_RATIO_WARNING and table.dead_rows:
+        return (
+            f"only {table.dead_rows:,} dead rows: usual for an outbox between two vacuums "
+            f"(rows are inserted and deleted all day); a warning comes from "
+            f"{DEAD_ROWS_WARNING:,} dead rows"
+        )
+    return ""
+
+
 FILTERS: dict[str, Any] = {
     "age": age,
     "when": when,
@@ -56,4 +82,6 @@ FILTERS: dict[str, Any] = {
     "size": size,
     "number": number,
     "percent": percent,
+    "clip": clip,
+    "dead_note": dead_note,
 }

@@ -198,9 +198,11 @@ FROM (
 ) AS capped
 
 -- name: dash_parked_groups
--- The errors most keys are parked with (their first 200 characters), top 20.
+-- The errors most keys are parked with (their first 200 characters), top 20, each with the
+-- whole text of one of its keys' errors (its first 2,000 characters).
 SELECT pg_catalog.left(last_error, 200) AS error, pg_catalog.count(*)::int8,
-       pg_catalog.count(*) FILTER (WHERE retry_at IS NULL)::int8, pg_catalog.min(parked_at)
+       pg_catalog.count(*) FILTER (WHERE retry_at IS NULL)::int8, pg_catalog.min(parked_at),
+       pg_catalog.left(pg_catalog.min(last_error), 2000)
 FROM (SELECT last_error, retry_at, parked_at FROM {parked} LIMIT %(cap)s) AS p
 GROUP BY 1
 ORDER BY 2 DESC, 1

@@ -107,10 +107,11 @@ class ParkedPage:
 
 @dataclass(frozen=True, slots=True)
 class ErrorGroup:
-    error: str
+    error: str  # the first 200 characters the group's keys share
     keys: int
     operator: int
     since: datetime
+    example: str  # the whole error of one of its keys (at most 2,000 characters)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +261,9 @@ async def error_groups(conn: Connection, store: StoreSettings) -> tuple[ErrorGro
             queries_for(store.names)["dash_parked_groups"], {"cap": COUNT_CAP * 10}
         )
         records = await cursor.fetchall()
-    return tuple(ErrorGroup(redact(r[0]), int(r[1]), int(r[2]), r[3]) for r in records)
+    return tuple(
+        ErrorGroup(redact(r[0]), int(r[1]), int(r[2]), r[3], redact(r[4])) for r in records
+    )
 
 
 async def key_detail(conn: Connection, store: StoreSettings, key: str) -> KeyDetail | None:

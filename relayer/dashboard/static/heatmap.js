@@ -53,7 +53,52 @@
     canvas.dataset.drawMs = (performance.now() - started).toFixed(1);
   }
 
+  // Up to CELLS_UP_TO lanes each lane is a cell with a border, numbered when the cells are
+  // large enough to read; past that one pixel per lane (65,536 lanes stay one small image).
+  var CELLS_UP_TO = 4096;
+  var cell = lanes <= CELLS_UP_TO ? Math.max(4, Math.min(96, Math.floor(768 / cols))) : 1;
+  var numbered = cell >= 22;
+  canvas.dataset.cell = String(cell);
+  canvas.dataset.numbered = numbered ? "yes" : "no";
+
+  function drawCells() {
+    canvas.width = cols * cell;
+    canvas.height = rows * cell;
+    context.fillStyle = "#ffffff";  // the borders: what the cells leave between them
+    context.fillRect(0, 0, canvas.width, canvas.height);
+    context.font = Math.floor(cell * 0.36) + "px sans-serif";
+    context.textAlign = "center";
+    context.textBaseline = "middle";
+    for (var lane = 0; lane < lanes; lane++) {
+      var offset = states[lane] * 4, x = (lane % cols) * cell, y = Math.floor(lane / cols) * cell;
+      var r = palette[offset], g = palette[offset + 1], b = palette[offset + 2];
+      context.fillStyle = "rgb(" + r + "," + g + "," + b + ")";
+      context.fillRect(x + 1, y + 1, cell - 1, cell - 1);
+      if (numbered) {
+        context.fillStyle = (r * 299 + g * 587 + b * 114) / 1000 > 140 ? "#243b53" : "#ffffff";
+        context.fillText(String(lane), x + cell / 2 + 0.5, y + cell / 2 + 1);
+      }
+    }
+  }
+
   function draw() {
+    if (cell > 1) {
+      canvas.style.imageRendering = "auto";  // numbers and borders, not pixels
+      drawCells();
+    } else {
+      drawPixels();
+    }
+    var box = canvas.parentElement ? canvas.parentElement.clientWidth - 24 : 640;
+    var size = Math.max(160, Math.min(box, 768));
+    canvas.style.width = size + "px";
+    canvas.style.height = Math.round(size * rows / cols) + "px";
+    canvas.dataset.lanesDrawn = String(lanes);
+    if (!document.body.dataset.heatmapFirstDrawMs) {
+      document.body.dataset.heatmapFirstDrawMs = performance.now().toFixed(0);
+    }
+  }
+
+  function drawPixels() {
     canvas.width = cols;
     canvas.height = rows;
     var image = context.createImageData(cols, rows);
@@ -67,14 +112,6 @@
       pixels[at + 3] = 255;
     }
     context.putImageData(image, 0, 0);
-    var box = canvas.parentElement ? canvas.parentElement.clientWidth - 24 : 640;
-    var size = Math.max(160, Math.min(box, 768));
-    canvas.style.width = size + "px";
-    canvas.style.height = Math.round(size * rows / cols) + "px";
-    canvas.dataset.lanesDrawn = String(lanes);
-    if (!document.body.dataset.heatmapFirstDrawMs) {
-      document.body.dataset.heatmapFirstDrawMs = performance.now().toFixed(0);
-    }
   }
 
   function laneAt(event) {

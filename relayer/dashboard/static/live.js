@@ -51,7 +51,7 @@
   function setPaused(paused) {
     userPaused = paused;
     if (pauseButton) {
-      pauseButton.textContent = paused ? "Resume" : "Pause";
+      pauseButton.textContent = paused ? "Resume auto-refresh" : "Stop auto-refresh";
       pauseButton.setAttribute("aria-pressed", paused ? "true" : "false");
     }
     document.body.classList.toggle("paused", paused);

@@ -3,6 +3,7 @@
 (function () {
   "use strict";
   var box = document.getElementById("rates-chart");
+  var empty = document.getElementById("rates-empty");
   if (!box || typeof uPlot === "undefined") { return; }
   var chart = null;
 
@@ -14,6 +15,11 @@
 
   function draw() {
     var data = read();
+    // Until two points exist there is no line to draw: say so instead of an empty strip.
+    var none = data[0].length < 2;
+    if (empty) { empty.hidden = !none; }
+    box.hidden = none;
+    if (none) { return; }
     var width = Math.max(320, box.clientWidth || 600);
     if (chart) { chart.setData(data); return; }
     chart = new uPlot({

@@ -236,6 +236,7 @@ class RabbitMQTransport:
         if self._link.closed:
             return
         self._link.closed = True
+        self._link.log.flush()  # the held-back count of lost connections, if any
         deadline = time.monotonic() + max(min(seconds, self._close_timeout), 0.0)
         self._writer.flush()
         pending = list(self._outstanding)
