@@ -26,9 +26,11 @@ the metrics' backlog reads), sharing what the budget leaves (:func:`plan_connect
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from psycopg.conninfo import conninfo_to_dict
@@ -79,10 +81,14 @@ def database_key(store: StoreSettings) -> DatabaseKey:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def _parameters(dsn: str) -> Parameters:
+    # Cached: a worker serving hundreds of stores plans its connections again as each one
+    # joins or leaves, and parsing every store's DSN each time grew with the square of them.
     return tuple(sorted((name, str(value)) for name, value in conninfo_to_dict(dsn).items()))
 
 
+@functools.lru_cache(maxsize=1024)
 def database_label(dsn: str) -> str:
     """``user@host:port/dbname`` of ``dsn``, for logs (never its password)."""
     params = conninfo_to_dict(dsn)
@@ -233,6 +239,22 @@ class Database:
             self.pool.open()
         self.stores[store.name] = store
         self.housekeeping.keep_prepared(HOUSEKEEPING_PREPARED + len(self.stores))
+
+    @asynccontextmanager
+    async def joining(self, store: StoreSettings) -> AsyncIterator[Connection]:
+        """A connection for ``store``'s join (its schema check and first heartbeat), committed
+        at the end: a batch connection when the pool has one free at once, so that stores
+        joining together do not take turns on the housekeeping connection (each join holds
+        a unit of the budget for a few statements), else the housekeeping connection."""
+        pool = self.pool.for_store(store)
+        if pool.available() > 0:
+            async with pool.connection("join: check the schema and heartbeat", wait=0) as conn:
+                yield conn
+                await conn.commit()
+            return
+        session = self.housekeeping.for_store(store)
+        async with session.connection("join: check the schema and heartbeat", urgent=True) as c:
+            yield c
 
     async def detach(self, store: StoreSettings) -> None:
         """``store`` is done with them; the last one out closes them."""
