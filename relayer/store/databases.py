@@ -107,53 +107,65 @@ def fixed_connections(store: StoreSettings, *, dispatcher: bool) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionPlan:
-    """How a worker's connections divide: ``fixed`` in all for ``databases`` databases, up to
-    ``batch`` batch connections (shared by the databases), ``slots`` lane batches at once.
-    ``limit`` is ``max_connections``, or ``fixed + batch`` when it is unset."""
+    """How a worker's connections divide: ``fixed`` in all for ``databases`` databases and
+    ``outside`` connections to other databases (discovery catalogs), up to ``batch`` batch
+    connections (shared by the databases), ``slots`` lane batches at once. ``limit`` is
+    ``max_connections``, or ``fixed + batch`` when it is unset."""
 
     databases: int
-    fixed: int
+    fixed: int  # ``outside`` included
     batch: int
     slots: int
     limit: int
     configured: bool  # max_connections was set
+    outside: int = 0
 
     def describe(self) -> str:
         source = "worker.max_connections" if self.configured else "computed: max_connections unset"
+        catalogs = f" and {self.outside} for discovery catalog reads" if self.outside else ""
         return (
-            f"at most {self.limit} connections to PostgreSQL ({source}): {self.fixed} for "
-            f"{self.databases} database(s) (housekeeping, LISTEN, dispatcher) and up to "
-            f"{self.limit - self.fixed} batch connections shared by them, {self.slots} lane "
-            "batches at once"
+            f"at most {self.limit} connections to PostgreSQL ({source}): "
+            f"{self.fixed - self.outside} for {self.databases} database(s) (housekeeping, "
+            f"LISTEN, dispatcher){catalogs}, and up to {self.limit - self.fixed} batch "
+            f"connections shared by them, {self.slots} lane batches at once"
         )
 
 
 def plan_connections(
-    stores: Iterable[StoreSettings], settings: WorkerSettings, *, dispatcher: bool = True
+    stores: Iterable[StoreSettings],
+    settings: WorkerSettings,
+    *,
+    dispatcher: bool = True,
+    outside: int = 0,
 ) -> ConnectionPlan:
-    """The worker's connection plan for ``stores``; ConfigurationError when
-    ``max_connections`` cannot hold every database's fixed connections and one batch
-    connection each."""
+    """The worker's connection plan for ``stores`` and ``outside`` connections it opens to
+    other databases (a template's catalog read each, one at a time); ConfigurationError when
+    ``max_connections`` cannot hold every database's fixed connections, those outside and one
+    batch connection per database."""
     databases: dict[DatabaseKey, StoreSettings] = {}
     for store in stores:
         databases.setdefault(database_key(store), store)
-    fixed = sum(fixed_connections(store, dispatcher=dispatcher) for store in databases.values())
+    fixed = outside
+    fixed += sum(fixed_connections(store, dispatcher=dispatcher) for store in databases.values())
     limit = settings.max_connections
     if limit is None:
         batch = settings.pool_size
-        return ConnectionPlan(len(databases), fixed, batch, batch, fixed + batch, False)
+        return ConnectionPlan(len(databases), fixed, batch, batch, fixed + batch, False, outside)
     batch = limit - fixed
-    if batch < len(databases):
+    needed = fixed + max(len(databases), 1 if outside else 0)
+    if limit < needed:
+        catalogs = f", plus {outside} for discovery catalog reads," if outside else ""
         raise ConfigurationError(
             "worker.max_connections",
             limit,
-            f"must be at least {fixed + len(databases)} for these stores: their "
-            f"{len(databases)} database(s) hold {fixed} connections of their own (housekeeping, "
-            "LISTEN and dispatcher, per database; no LISTEN behind a transaction pooler without "
-            "listen_dsn) plus at least one batch connection each; raise it, or serve fewer "
-            "databases per process",
+            f"must be at least {needed} for these stores: their "
+            f"{len(databases)} database(s) hold {fixed - outside} connections of their own "
+            "(housekeeping, LISTEN and dispatcher, per database; no LISTEN behind a "
+            f"transaction pooler without listen_dsn){catalogs} plus at least one batch "
+            "connection each; raise it, or serve fewer databases per process",
         )
-    return ConnectionPlan(len(databases), fixed, batch, min(settings.pool_size, batch), limit, True)
+    slots = min(settings.pool_size, batch)
+    return ConnectionPlan(len(databases), fixed, batch, slots, limit, True, outside)
 
 
 class Database:
@@ -284,6 +296,20 @@ class Databases:
         self.budget = ConnectionBudget(limit)
         self.max_idle = settings.batch_max_idle.total_seconds()
         self._databases: dict[DatabaseKey, Database] = {}
+        # Connections to databases with no store here, counted in the plan (discovery
+        # catalogs: Worker.count_outside), each opened under outside_connection().
+        self.outside = 0
+
+    @asynccontextmanager
+    async def outside_connection(self) -> AsyncIterator[None]:
+        """A unit of the budget for one connection to a database outside these, held for the
+        block: at once while the budget has room, else by closing an idle batch connection,
+        else once a batch connection is returned (reservations go before batches)."""
+        await self.budget.reserve()
+        try:
+            yield
+        finally:
+            self.budget.unreserve()
 
     def get(self, store: StoreSettings) -> Database:
         key = database_key(store)

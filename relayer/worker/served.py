@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from relayer.dispatch import MemoryQueue, PostgresClusterState
+from relayer.errors import ConfigurationError
 from relayer.relay.runtime import StoreRelay
 from relayer.relay.trace import RelayTracer
 from relayer.settings import StoreSettings
@@ -141,3 +142,9 @@ class ServedStore:
         self.relay.flush_due()
         self.maintenance.log.flush_due()
         self.maintenance.sender.log.flush_due()
+
+
+def named_twice(name: str) -> ConfigurationError:
+    return ConfigurationError(
+        "stores", name, "is named twice; store names are case-sensitive and unique in a process"
+    )

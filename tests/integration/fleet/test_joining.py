@@ -6,6 +6,7 @@ the discovery query's connection to the catalog counts in that budget."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -97,6 +98,53 @@ async def test_stores_joining_together_check_their_schemas_side_by_side_within_t
         assert backends(pg_dsn) <= BUDGET
         assert worker.databases.budget.highest <= BUDGET
     finally:
+        await blocker.close()
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def test_the_catalog_connection_counts_in_the_budget_during_a_refresh(
+    pg_dsn: str,
+) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE catalog (name text)")
+        conn.execute("INSERT INTO catalog VALUES ('t0'), ('t1')")
+    template = template_of(pg_dsn, query="SELECT name, name AS schema FROM catalog")
+    for schema in ("t0", "t1"):
+        await apply_schema(template.model_copy(update={"db_schema": schema}))
+    worker = Worker([], settings=WorkerSettings(max_connections=BUDGET), instance_id="w")
+    broker = MemoryTransport("memory")
+    fleet = Fleet(worker, [template], transports=lambda _: {"memory": BrokerView(broker)})
+    assert worker.connections.fixed == 1  # the catalog, before any store joined
+    stop = asyncio.Event()
+    task = asyncio.create_task(fleet.run(stop))
+    blocker = await psycopg.AsyncConnection.connect(pg_dsn)
+    held = contextlib.AsyncExitStack()
+    try:
+        await until(lambda: len(worker.stores) == 2)
+        assert worker.connections.slots == BUDGET - 4  # 3 fixed, 1 for the catalog
+        # Every unit the budget has left taken by batch connections (as busy batches would),
+        # and the catalog locked, so that a refresh's read stays open while it is counted.
+        (database,) = worker.databases
+        while database.pool.available():
+            await held.enter_async_context(database.pool.connection())
+        await blocker.execute("LOCK TABLE catalog IN ACCESS EXCLUSIVE MODE")
+        refresh = asyncio.create_task(fleet.refresh("tenants"))
+        catalog = "application_name LIKE 'relayer:discovery%%'"
+        await until(
+            lambda: bool(worker.databases.budget._reservations) or backends(pg_dsn, catalog) > 0
+        )
+        assert backends(pg_dsn) <= BUDGET
+        await held.aclose()  # batches end: the read takes the unit one of them gives back
+        await until(lambda: backends(pg_dsn, catalog) == 1)
+        assert backends(pg_dsn) <= BUDGET
+        await blocker.rollback()
+        report = await asyncio.wait_for(refresh, 20)
+        assert report.read and report.found == 2
+        assert worker.databases.budget.highest <= BUDGET
+        assert backends(pg_dsn, catalog) == 0
+    finally:
+        await held.aclose()
         await blocker.close()
         stop.set()
         await asyncio.wait_for(task, 15)
