@@ -9,6 +9,9 @@ weights 1, 2 and 4 (by thirds), each holding a backlog of ``--rows`` rows (``--r
 processes run ``relayer run --template tenants`` with ``worker.max_connections`` and the memory
 transport (so that the figures are the relay's, not a broker's). It prints:
 
+- the join time: the workers start together, and every store has a member (and every worker
+  as one) so many seconds after they were launched, and after the last one logged "serving"
+  (with the queues paused; ``--join-only``: a cold start, rows sent as stores join);
 - the drain time, and how many rows a second that is;
 - the connections each worker held, at most and on average (its backends in pg_stat_activity,
   found by the worker's own socket ports), against the budget;
@@ -59,6 +62,7 @@ TABLE_PREFIX = "outbox_"
 KEYS = 50
 WEIGHTS = (1, 2, 4)
 SAMPLE_SECONDS = 1.0
+JOIN_POLL = 0.1  # seconds between two looks at the stores' members while they join
 
 
 @dataclass
@@ -244,11 +248,36 @@ async def set_paused(dsn: str, fleet: Sequence[Tenant], lanes: int, paused: bool
         await conn.commit()
 
 
-async def wait_joined(
-    dsn: str, fleet: Sequence[Tenant], workers: Sequence[WorkerProcess], limit: float
-) -> float:
-    """Seconds until every store has every worker as a live member."""
-    started = time.perf_counter()
+@dataclass
+class Joins:
+    """Seconds from the workers' launch until each worker logged "serving", until every store
+    had a live member, and until every store had every worker as one."""
+
+    serving: list[float] = field(default_factory=list)
+    first: float | None = None
+    every: float | None = None
+
+    def describe(self) -> str:
+        assert self.first is not None and self.every is not None
+        started = max(self.serving, default=0.0)
+        return (
+            f"join: workers serving {', '.join(f'{s:.1f}' for s in self.serving)} s after "
+            f"launch; every store had a member {self.first:.1f} s after launch "
+            f"({self.first - started:.1f} s after the last worker served), every worker "
+            f"{self.every:.1f} s ({self.every - started:.1f} s after)"
+        )
+
+
+async def watch_joins(
+    dsn: str,
+    fleet: Sequence[Tenant],
+    workers: Sequence[WorkerProcess],
+    joins: Joins,
+    started: float,
+    limit: float,
+) -> None:
+    """Fill ``joins`` in: poll every store's live members until every worker serves every
+    store (RuntimeError after ``limit`` seconds)."""
     query = sql.SQL(" UNION ALL ").join(
         sql.SQL(
             "SELECT count(*) FROM {} WHERE lane IS NULL AND expires_at >= pg_catalog.now()"
@@ -258,12 +287,42 @@ async def wait_joined(
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         while time.perf_counter() - started < limit:
             for worker in workers:
-                worker.check()
+                if worker.process is not None:
+                    worker.check()
             cursor = await conn.execute(query)
-            if all(int(row[0]) >= len(workers) for row in await cursor.fetchall()):
-                return time.perf_counter() - started
-            await asyncio.sleep(0.5)
+            counts = [int(row[0]) for row in await cursor.fetchall()]
+            at = time.perf_counter() - started
+            if joins.first is None and all(counts):
+                joins.first = at
+            if all(count >= len(workers) for count in counts):
+                joins.every = at
+                return
+            await asyncio.sleep(JOIN_POLL)
     raise RuntimeError(f"the stores were not all joined by every worker within {limit:g} s")
+
+
+async def launch(
+    dsn: str,
+    fleet: Sequence[Tenant],
+    workers: Sequence[WorkerProcess],
+    stack: contextlib.AsyncExitStack,
+    limit: float,
+) -> Joins:
+    """Start every worker at once and time the joins (:class:`Joins`)."""
+    joins = Joins([0.0] * len(workers))
+    started = time.perf_counter()
+    watching = asyncio.create_task(watch_joins(dsn, fleet, workers, joins, started, limit))
+
+    async def start(index: int) -> None:
+        await stack.enter_async_context(workers[index])
+        joins.serving[index] = time.perf_counter() - started
+
+    try:
+        await asyncio.gather(*(start(index) for index in range(len(workers))))
+        await watching
+    finally:
+        watching.cancel()
+    return joins
 
 
 async def remaining(dsn: str, fleet: Sequence[Tenant]) -> dict[str, int]:
@@ -427,13 +486,15 @@ async def main_async(args: argparse.Namespace) -> None:
                 ]  # fmt: skip
                 workers.append(WorkerProcess(command, str(log)))
             # Paused until every worker serves every store: the drain and the shares start
-            # together for all of them, not as stores join.
-            await set_paused(dsn, fleet, args.lanes, True)
+            # together for all of them, not as stores join. With --join-only, a cold start:
+            # the workers send the stores' rows as they join them.
+            if not args.join_only:
+                await set_paused(dsn, fleet, args.lanes, True)
             async with contextlib.AsyncExitStack() as stack:
-                for worker in workers:
-                    await stack.enter_async_context(worker)
-                joined = await wait_joined(dsn, fleet, workers, args.timeout)
-                print(f"every worker serves every store {joined:.1f} s after the last started")
+                joins = await launch(dsn, fleet, workers, stack, args.timeout)
+                print(joins.describe())
+                if args.join_only:
+                    return
                 await set_paused(dsn, fleet, args.lanes, False)
                 seconds, run = await drain(dsn, fleet, workers, ports, args.timeout)
                 print(
@@ -481,6 +542,12 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--idle-settle", type=float, default=90.0)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--join-only",
+        action="store_true",
+        help="a cold start: the stores' queues are not paused while the workers join them, and "
+        "the run stops once every worker serves every store",
+    )
     args = parser.parse_args()
     print(json.dumps({key: value for key, value in vars(args).items() if key != "dsn"}))
     asyncio.run(main_async(args))

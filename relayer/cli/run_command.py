@@ -133,9 +133,11 @@ async def _run(context: Context) -> int:
     # Built before anything starts, also by the parent of --processes: every configuration
     # error (stores, templates, transports, worker settings) is reported once, before any
     # child runs.
+    from relayer.fleet.discovery import Fleet
     from relayer.worker import Worker
 
     worker = Worker(stores, settings=context.settings.worker, instance_id=arguments.instance_id)
+    fleet = Fleet(worker, templates) if templates else None  # its catalogs in the budget
     _check_transports(templates)
     if arguments.processes > 1:
         return await _supervise(arguments, [*stores, *templates])
@@ -146,10 +148,8 @@ async def _run(context: Context) -> int:
         metrics = await _serve_metrics(worker, arguments, stop)
         warnings = asyncio.create_task(_warn_once_started(worker, [*stores, *templates]))
         try:
-            if templates:
-                from relayer.fleet.discovery import Fleet
-
-                await Fleet(worker, templates).run(stop)
+            if fleet is not None:
+                await fleet.run(stop)
             else:
                 await worker.run(stop)
         finally:

@@ -154,12 +154,14 @@ class PostgresClusterState:
         self._held.clear()
         self._pending.clear()
 
-    async def open(self) -> None:
-        """Connect, check the schema and create the claim function (errors propagate)."""
+    async def open(self, *, schema_checked: bool = False) -> None:
+        """Connect and check the schema (errors propagate). ``schema_checked``: the caller
+        has just found the store's schema at this relayer's version (a worker's store joining
+        checks it before), so the dispatcher connection is not asked again."""
         await self._shared.attach(self)
         try:
             async with self._lock:
-                await self._connection()
+                await self._connection(checked=schema_checked)
         except BaseException:
             await self._detach()
             raise
@@ -300,13 +302,15 @@ class PostgresClusterState:
                 gates[index] = QueueGate(GateState(state), limit)
         return ClaimResult(tuple(grants), tuple(gates))
 
-    async def _connection(self) -> Connection:
-        """The shared connection (call under the lock), this store's schema checked on it."""
+    async def _connection(self, *, checked: bool = False) -> Connection:
+        """The shared connection (call under the lock), this store's schema checked on it
+        (``checked``: already checked by the caller)."""
         conn = self._shared.open()
         if conn is None:
             conn = await self._shared.connect()
         if self._checked != self._epoch:
-            await self._check_schema(conn)
+            if not checked:
+                await self._check_schema(conn)
             self._checked = self._epoch
         return conn
 

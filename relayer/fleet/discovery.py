@@ -22,6 +22,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from relayer.deadlines import Deadlines
@@ -100,6 +101,9 @@ class Fleet:
         }
         self._log = ThrottledLog(logger)
         self._stopping = False
+        # A catalog query's connection counts in worker.max_connections: one per template
+        # with a query source (its reads come one at a time).
+        worker.count_outside(sum(1 for t in templates if t.discovery.query is not None))
         worker.readiness_checks.append(self._readiness)
 
     def _readiness(self) -> str | None:
@@ -170,7 +174,8 @@ class Fleet:
             template = self.templates[name]
             self._reading.add(name)
             try:
-                rows = await self._read(template)
+                async with self._catalog_unit(template):
+                    rows = await self._read(template)
             except DiscoveryError as exc:
                 self._read_failed(template, exc)
                 return report
@@ -183,6 +188,13 @@ class Fleet:
             with contextlib.suppress(UsageError):  # the worker is stopping: no more changes
                 await self._apply(template, found, report)
             return report
+
+    def _catalog_unit(self, template: TemplateSettings) -> AbstractAsyncContextManager[None]:
+        """Room in the worker's connection budget for the catalog connection of a query
+        source while it is read (a file source needs none)."""
+        if template.discovery.query is None:
+            return contextlib.nullcontext()
+        return self.worker.databases.outside_connection()
 
     def _read_failed(self, template: TemplateSettings, exc: DiscoveryError) -> None:
         served = len(self.served[template.name])

@@ -24,7 +24,7 @@ from relayer.deadlines import Deadlines
 from relayer.errors import DatabaseSilentError, StoreError
 from relayer.observability.throttle import ThrottledLog
 from relayer.settings import StoreSettings
-from relayer.store import Connect, RelayStore, Session
+from relayer.store import Connect, Connection, RelayStore, Session
 from relayer.store.housekeeping import LEAST_SILENCE, Housekeeping, next_tick
 
 logger = logging.getLogger(__name__)
@@ -84,18 +84,22 @@ class Membership:
         # Heartbeats are retried every second while the database is down: one line per cause.
         self.log = ThrottledLog(logger)
 
-    async def beat(self) -> None:
+    async def beat(self, conn: Connection | None = None) -> None:
         """One heartbeat: renew, learn the live members, give up the held lanes outside the
-        share they give this member, and apply that share (one statement)."""
-        if self._batched is not None:
+        share they give this member, and apply that share (one statement). ``conn``: send it
+        there (the first one, in the transaction of the store's join) instead of on the
+        session."""
+        if conn is not None:
+            live, released = await self.db.heartbeat(conn, self.member, self._token)
+        elif self._batched is not None:
             live, released = await self._batched.heartbeat(
                 self.session, self.db, self.member, self._token
             )
         else:
             async with self.session.connection(
                 "heartbeat", urgent=True, within=max(self.interval, LEAST_SILENCE)
-            ) as conn:
-                live, released = await self.db.heartbeat(conn, self.member, self._token)
+            ) as session:
+                live, released = await self.db.heartbeat(session, self.member, self._token)
         self.last_beat = self._clock()
         members = tuple(live)
         rank = members.index(self.member) if self.member in members else -1

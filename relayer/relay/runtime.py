@@ -142,14 +142,15 @@ class StoreRelay:
     async def open(self) -> None:
         """Attach to the database's shared connections (the first store of the database
         reserves them in the worker's budget), check the schema and join the membership with
-        a first heartbeat. If a step fails, what was taken is given back and the error
-        propagates."""
+        a first heartbeat, both in one transaction. If a step fails, what was taken is given
+        back and the error propagates."""
         try:
             await self.database.attach(self.store)
             self._attached = True
-            async with self.housekeeping.connection("check the schema", urgent=True) as conn:
+            # Stores joining together check and beat side by side (Database.joining).
+            async with self.database.joining(self.store) as conn:
                 await self.statements.prepare(conn)
-            await self.membership.beat()
+                await self.membership.beat(conn)
             self._joined = True
         except BaseException:
             await self.close()

@@ -14,7 +14,7 @@ import psycopg
 
 from relayer.errors import StoreError
 from relayer.redact import redact
-from relayer.store.driver import APPLICATION_NAME, DRIVER_ERRORS
+from relayer.store.driver import APPLICATION_NAME, DRIVER_ERRORS, hang_up
 
 # The transaction's own statement timeout (SET LOCAL), as a bound value.
 SET_TIMEOUT: LiteralString = "SELECT pg_catalog.set_config('statement_timeout', %s, true)"
@@ -60,7 +60,7 @@ async def read_catalog(dsn: str, query: str, *, within: float, purpose: str) -> 
     except DRIVER_ERRORS as exc:
         raise StoreError(f"{doing} failed: {_reason(exc)}") from exc
     finally:
-        await conn.close()
+        await hang_up(conn)  # gone from the server once this returns: see Databases.outside
     return CatalogRows(columns, rows)
 
 

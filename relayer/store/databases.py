@@ -26,9 +26,11 @@ the metrics' backlog reads), sharing what the budget leaves (:func:`plan_connect
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from psycopg.conninfo import conninfo_to_dict
@@ -80,10 +82,14 @@ def database_key(store: StoreSettings) -> DatabaseKey:
     )
 
 
+@functools.lru_cache(maxsize=1024)
 def _parameters(dsn: str) -> Parameters:
+    # Cached: a worker serving hundreds of stores plans its connections again as each one
+    # joins or leaves, and parsing every store's DSN each time grew with the square of them.
     return tuple(sorted((name, str(value)) for name, value in conninfo_to_dict(dsn).items()))
 
 
+@functools.lru_cache(maxsize=1024)
 def database_label(dsn: str) -> str:
     """``user@host:port/dbname`` of ``dsn``, for logs (never its password)."""
     params = conninfo_to_dict(dsn)
@@ -102,53 +108,65 @@ def fixed_connections(store: StoreSettings, *, dispatcher: bool) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ConnectionPlan:
-    """How a worker's connections divide: ``fixed`` in all for ``databases`` databases, up to
-    ``batch`` batch connections (shared by the databases), ``slots`` lane batches at once.
-    ``limit`` is ``max_connections``, or ``fixed + batch`` when it is unset."""
+    """How a worker's connections divide: ``fixed`` in all for ``databases`` databases and
+    ``outside`` connections to other databases (discovery catalogs), up to ``batch`` batch
+    connections (shared by the databases), ``slots`` lane batches at once. ``limit`` is
+    ``max_connections``, or ``fixed + batch`` when it is unset."""
 
     databases: int
-    fixed: int
+    fixed: int  # ``outside`` included
     batch: int
     slots: int
     limit: int
     configured: bool  # max_connections was set
+    outside: int = 0
 
     def describe(self) -> str:
         source = "worker.max_connections" if self.configured else "computed: max_connections unset"
+        catalogs = f" and {self.outside} for discovery catalog reads" if self.outside else ""
         return (
-            f"at most {self.limit} connections to PostgreSQL ({source}): {self.fixed} for "
-            f"{self.databases} database(s) (housekeeping, LISTEN, dispatcher) and up to "
-            f"{self.limit - self.fixed} batch connections shared by them, {self.slots} lane "
-            "batches at once"
+            f"at most {self.limit} connections to PostgreSQL ({source}): "
+            f"{self.fixed - self.outside} for {self.databases} database(s) (housekeeping, "
+            f"LISTEN, dispatcher){catalogs}, and up to {self.limit - self.fixed} batch "
+            f"connections shared by them, {self.slots} lane batches at once"
         )
 
 
 def plan_connections(
-    stores: Iterable[StoreSettings], settings: WorkerSettings, *, dispatcher: bool = True
+    stores: Iterable[StoreSettings],
+    settings: WorkerSettings,
+    *,
+    dispatcher: bool = True,
+    outside: int = 0,
 ) -> ConnectionPlan:
-    """The worker's connection plan for ``stores``; ConfigurationError when
-    ``max_connections`` cannot hold every database's fixed connections and one batch
-    connection each."""
+    """The worker's connection plan for ``stores`` and ``outside`` connections it opens to
+    other databases (a template's catalog read each, one at a time); ConfigurationError when
+    ``max_connections`` cannot hold every database's fixed connections, those outside and one
+    batch connection per database."""
     databases: dict[DatabaseKey, StoreSettings] = {}
     for store in stores:
         databases.setdefault(database_key(store), store)
-    fixed = sum(fixed_connections(store, dispatcher=dispatcher) for store in databases.values())
+    fixed = outside
+    fixed += sum(fixed_connections(store, dispatcher=dispatcher) for store in databases.values())
     limit = settings.max_connections
     if limit is None:
         batch = settings.pool_size
-        return ConnectionPlan(len(databases), fixed, batch, batch, fixed + batch, False)
+        return ConnectionPlan(len(databases), fixed, batch, batch, fixed + batch, False, outside)
     batch = limit - fixed
-    if batch < len(databases):
+    needed = fixed + max(len(databases), 1 if outside else 0)
+    if limit < needed:
+        catalogs = f", plus {outside} for discovery catalog reads," if outside else ""
         raise ConfigurationError(
             "worker.max_connections",
             limit,
-            f"must be at least {fixed + len(databases)} for these stores: their "
-            f"{len(databases)} database(s) hold {fixed} connections of their own (housekeeping, "
-            "LISTEN and dispatcher, per database; no LISTEN behind a transaction pooler without "
-            "listen_dsn) plus at least one batch connection each; raise it, or serve fewer "
-            "databases per process",
+            f"must be at least {needed} for these stores: their "
+            f"{len(databases)} database(s) hold {fixed - outside} connections of their own "
+            "(housekeeping, LISTEN and dispatcher, per database; no LISTEN behind a "
+            f"transaction pooler without listen_dsn){catalogs} plus at least one batch "
+            "connection each; raise it, or serve fewer databases per process",
         )
-    return ConnectionPlan(len(databases), fixed, batch, min(settings.pool_size, batch), limit, True)
+    slots = min(settings.pool_size, batch)
+    return ConnectionPlan(len(databases), fixed, batch, slots, limit, True, outside)
 
 
 class Database:
@@ -236,6 +254,22 @@ class Database:
         self.stores[store.name] = store
         self.housekeeping.keep_prepared(HOUSEKEEPING_PREPARED + len(self.stores))
 
+    @asynccontextmanager
+    async def joining(self, store: StoreSettings) -> AsyncIterator[Connection]:
+        """A connection for ``store``'s join (its schema check and first heartbeat), committed
+        at the end: a batch connection when the pool has one free at once, so that stores
+        joining together do not take turns on the housekeeping connection (each join holds
+        a unit of the budget for a few statements), else the housekeeping connection."""
+        pool = self.pool.for_store(store)
+        if pool.available() > 0:
+            async with pool.connection("join: check the schema and heartbeat", wait=0) as conn:
+                yield conn
+                await conn.commit()
+            return
+        session = self.housekeeping.for_store(store)
+        async with session.connection("join: check the schema and heartbeat", urgent=True) as c:
+            yield c
+
     async def detach(self, store: StoreSettings) -> None:
         """``store`` is done with them; the last one out closes them."""
         if self.stores.pop(store.name, None) is None:
@@ -265,6 +299,20 @@ class Databases:
         self.budget = ConnectionBudget(limit)
         self.max_idle = settings.batch_max_idle.total_seconds()
         self._databases: dict[DatabaseKey, Database] = {}
+        # Connections to databases with no store here, counted in the plan (discovery
+        # catalogs: Worker.count_outside), each opened under outside_connection().
+        self.outside = 0
+
+    @asynccontextmanager
+    async def outside_connection(self) -> AsyncIterator[None]:
+        """A unit of the budget for one connection to a database outside these, held for the
+        block: at once while the budget has room, else by closing an idle batch connection,
+        else once a batch connection is returned (reservations go before batches)."""
+        await self.budget.reserve()
+        try:
+            yield
+        finally:
+            self.budget.unreserve()
 
     def get(self, store: StoreSettings) -> Database:
         key = database_key(store)

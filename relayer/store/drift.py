@@ -24,6 +24,8 @@ from relayer.store.driver import Connection
 from relayer.store.schema import StoreMeta, read_meta, verify_meta
 
 _TEMP = "pg_temp"
+# Expected catalogs kept (one per database, table prefix and schema version served).
+EXPECTED_KEPT = 32
 _QUALIFIER = re.compile(r' ON (ONLY )?(?:"(?:[^"]|"")+"|[a-z_][a-z0-9_$]*)\.')
 
 
@@ -43,6 +45,9 @@ class _Catalog:
     columns: dict[str, dict[str, tuple[str, bool, str]]]
     indexes: dict[str, dict[str, str]]
     constraints: dict[str, set[str]]
+
+
+_EXPECTED: dict[tuple[object, ...], _Catalog] = {}  # by database, prefix, version, tables
 
 
 async def check(conn: Connection, store: StoreSettings) -> list[Drift]:
@@ -123,7 +128,7 @@ async def _compare_catalogs(
             return [Drift(f"schema {names.schema}", "missing")]
         live = await _introspect(cursor, queries, int(row[0]), tables)
         try:
-            expected = await _expected_catalog(conn, cursor, names, tables, live_version)
+            expected = await _expected(conn, cursor, names, tables, live_version)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise _without_temporary(conn, store) from exc
     drift: list[Drift] = []
@@ -174,6 +179,28 @@ async def _introspect(
     for table, definition in await cursor.fetchall():
         constraints.setdefault(table, set()).add(definition)
     return _Catalog(columns, indexes, constraints)
+
+
+async def _expected(
+    conn: Connection,
+    cursor: psycopg.AsyncCursor[Any],
+    names: StoreNames,
+    tables: Sequence[str],
+    version: int,
+) -> _Catalog:
+    """The catalog the migrations up to ``version`` create, as read on ``conn``'s database:
+    built once per database, table prefix and version in a process (it does not depend on the
+    store's schema), so that a worker checking hundreds of stores before serving them does not
+    run every migration again for each (four fifths of a check's time)."""
+    info = conn.info
+    key = (info.host, info.port, info.dbname, info.server_version, names.prefix, version, *tables)
+    found = _EXPECTED.get(key)
+    if found is None:
+        found = await _expected_catalog(conn, cursor, names, tables, version)
+        if len(_EXPECTED) >= EXPECTED_KEPT:
+            del _EXPECTED[next(iter(_EXPECTED))]  # the oldest entry
+        _EXPECTED[key] = found
+    return found
 
 
 async def _expected_catalog(

@@ -133,10 +133,13 @@ class RelayStore:
 
     async def prepare(self, conn: Connection) -> None:
         """Before serving the store: refuse a missing, old or drifted schema or another lane
-        count (relayer.store.drift), and make sure every lane has its lease row."""
+        count (relayer.store.drift), and make sure every lane has its lease row (committed at
+        once on a connection in a transaction: until then, other members joining the store
+        would wait for the new rows)."""
         with translated(self.store, "check the schema"):
             await require_meta(conn, self.store)
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
+            await conn.commit()
 
     async def heartbeat(
         self, conn: Connection, member: str, token: UUID, *, prepare: bool = False

@@ -13,6 +13,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from relayer.dispatch import MemoryQueue, PostgresClusterState
+from relayer.errors import ConfigurationError
 from relayer.relay.runtime import StoreRelay
 from relayer.relay.trace import RelayTracer
 from relayer.settings import StoreSettings
@@ -87,17 +88,18 @@ class ServedStore:
         return [*self.relay.tasks(self.halt, self.flush_due), self.maintenance.watch(self.halt)]
 
     async def open(self) -> None:
-        """Take what the store needs, in order: its dispatch gate's connection, its transports
-        (one shared with other stores starts with the first), its relay (the database's
-        shared connections, a schema check, a first heartbeat) and the maintenance schedule.
-        If a step fails, what was taken is given back (``close``) and the error propagates."""
+        """Take what the store needs, in order: its transports (one shared with other stores
+        starts with the first), its relay (the database's shared connections, a schema check,
+        a first heartbeat), its dispatch gate's connection (the schema checked just before)
+        and the maintenance schedule. If a step fails, what was taken is given back
+        (``close``) and the error propagates."""
         try:
-            if self.gate is not None:
-                await self.gate.open()
-                self._gate_open = True
             await self.shared.acquire(self.transports.values(), close_within=self.stop_budget())
             self._transports_held = True
             await self.relay.open()
+            if self.gate is not None:
+                await self.gate.open(schema_checked=True)
+                self._gate_open = True
             self.maintenance.start()
         except BaseException:
             await self.close()
@@ -140,3 +142,9 @@ class ServedStore:
         self.relay.flush_due()
         self.maintenance.log.flush_due()
         self.maintenance.sender.log.flush_due()
+
+
+def named_twice(name: str) -> ConfigurationError:
+    return ConfigurationError(
+        "stores", name, "is named twice; store names are case-sensitive and unique in a process"
+    )

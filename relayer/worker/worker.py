@@ -35,7 +35,7 @@ from relayer.transports.base import Transport
 from relayer.transports.lifecycle import SharedTransports
 from relayer.transports.registry import create_transports
 from relayer.worker.queues import StoreQueues
-from relayer.worker.served import ServedStore
+from relayer.worker.served import ServedStore, named_twice
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Worker:
         names = [store.name for store in stores]
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
-            raise _named_twice(duplicates[0])
+            raise named_twice(duplicates[0])
         self.settings = settings or WorkerSettings()
         self.member = instance_id or new_instance_id()
         self.clock = MonotonicClock()
@@ -103,16 +103,10 @@ class Worker:
     ) -> ServedStore:
         """A store served on its database's shared connections, with the transports given
         (default: built from its settings)."""
-        return ServedStore(
-            store,
-            create_transports(store) if transports is None else transports,
-            self.member,
-            self.databases.get(store),
-            self.clock.now,
-            tracer=self._tracer,
-            gate=self.queues.gate(store),
-            shared=self.shared_transports,
-        )
+        given = create_transports(store) if transports is None else transports
+        database, gate = self.databases.get(store), self.queues.gate(store)
+        return ServedStore(store, given, self.member, database, self.clock.now, gate=gate,
+                           tracer=self._tracer, shared=self.shared_transports)  # fmt: skip
 
     def _replan(self, joining: StoreSettings | None = None) -> ConnectionPlan:
         """The connection plan of the stores served, joining and, if given, ``joining`` (the
@@ -122,7 +116,8 @@ class Worker:
         stores += [store for name, store in self._joining.items() if name not in self.stores]
         if joining is not None:
             stores.append(joining)
-        plan = plan_connections(stores, self.settings, dispatcher=self.queues.routes is not None)
+        dispatcher, outside = self.queues.routes is not None, self.databases.outside
+        plan = plan_connections(stores, self.settings, dispatcher=dispatcher, outside=outside)
         self.connections = plan
         self.databases.budget.set_limit(plan.limit)
         self.group.pool_size = plan.slots
@@ -181,6 +176,16 @@ class Worker:
             group.cancel()
         await asyncio.wait({group})
 
+    def count_outside(self, count: int) -> None:
+        """Plan ``count`` more connections outside its databases (Databases.outside_connection:
+        a template's catalog); ConfigurationError if ``max_connections`` has no room."""
+        self.databases.outside += count
+        try:
+            self._replan()
+        except ConfigurationError:
+            self.databases.outside -= count
+            raise
+
     def weight(self, name: str) -> int:
         """Store ``name``'s weight in the Weighted group: the one add_store or set_weight gave,
         else worker.weights, else 1."""
@@ -226,7 +231,7 @@ class Worker:
         while the worker starts or stops."""
         name = store.name
         if name in self.stores or name in self._joining:
-            raise _named_twice(name)
+            raise named_twice(name)
         if weight is not None and (isinstance(weight, bool) or weight < 1):
             raise ConfigurationError(f"stores.{name}.weight", weight, "weights are >= 1")
         if self._phase not in ("new", "serving"):
@@ -392,9 +397,3 @@ class Worker:
         for outcome in closed:
             if isinstance(outcome, BaseException):
                 raise outcome
-
-
-def _named_twice(name: str) -> ConfigurationError:
-    return ConfigurationError(
-        "stores", name, "is named twice; store names are case-sensitive and unique in a process"
-    )

@@ -71,6 +71,22 @@ def test_a_budget_without_room_names_the_field_the_value_and_the_rule() -> None:
     assert plan_connections(stores, WorkerSettings(max_connections=8)).slots == 2
 
 
+def test_discovery_catalog_connections_are_part_of_the_plan() -> None:
+    stores = [store("a")]
+    plan = plan_connections(stores, WorkerSettings(max_connections=20), outside=1)
+    assert (plan.fixed, plan.batch, plan.slots) == (4, 16, 16)
+    assert "3 for 1 database(s)" in plan.describe()
+    assert "1 for discovery catalog reads" in plan.describe()
+    with pytest.raises(ConfigurationError) as refused:
+        plan_connections(stores, WorkerSettings(max_connections=4), outside=1)
+    assert refused.value.rule.startswith("must be at least 5 for these stores")
+    assert "plus 1 for discovery catalog reads" in refused.value.rule
+    # Before any store: room for the catalog read and one batch connection.
+    with pytest.raises(ConfigurationError):
+        plan_connections([], WorkerSettings(max_connections=1), outside=1)
+    assert plan_connections([], WorkerSettings(max_connections=2), outside=1).batch == 1
+
+
 async def test_urgent_turns_go_before_waiting_ordinary_ones() -> None:
     turns = Turns()
     order: list[str] = []
