@@ -2,8 +2,8 @@
 
 ``Transport`` is the contract (see ``relayer.transports.base``). Built-in transports are
 ``memory`` (fault-injectable, for tests and users), ``kafka``, ``rabbitmq``, ``nats``
-(JetStream) and ``redis`` (Streams); third-party transports register a factory under the
-entry-point group ``relayer.transports``.
+(JetStream), ``redis`` (Streams) and ``webhooks``; third-party transports register a factory
+under the entry-point group ``relayer.transports``.
 """
 
 import importlib
@@ -28,6 +28,7 @@ _DRIVER_MODULES = {
     "RabbitMQTransport": "relayer.transports.rabbitmq",
     "NatsTransport": "relayer.transports.nats",
     "RedisTransport": "relayer.transports.redis",
+    "WebhookTransport": "relayer.transports.webhooks",
 }
 
 
@@ -54,6 +55,7 @@ __all__ = [
     "Transport",
     "TransportFactory",
     "TransportUnavailableError",
+    "WebhookTransport",
     "create_transport",
     "create_transports",
     "known_types",

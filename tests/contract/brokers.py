@@ -45,6 +45,8 @@ class Broker:
     name = "?"
     # Whether a destination that does not exist is refused by ordered_by_key.
     transport: Transport
+    # Seconds the 1,000-key test may take to publish (a webhook is one request a message).
+    deadline = 30.0
 
     async def open(self) -> Transport:
         raise NotImplementedError
@@ -460,3 +462,39 @@ async def read_stream(client: Any, stream: str) -> list[Received]:
         if len(entries) < 10_000:
             return received
         start = "(" + entries[-1][0].decode()
+
+
+class WebhookBroker(Broker):
+    """A receiver of the test's own (tests/webhook_receiver.py); destinations are paths."""
+
+    name = "webhooks"
+    deadline = 120.0
+
+    def __init__(self) -> None:
+        from tests.webhook_receiver import Receiver
+
+        self.receiver = Receiver().start()
+
+    async def open(self) -> Transport:
+        from relayer.transports.webhooks import WebhookTransport
+
+        transport = WebhookTransport("webhooks", self.receiver.url, self.receiver.secret)
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        return unique("hooks")
+
+    def bad_destination(self) -> str:
+        return unique("missing") + "/../elsewhere"  # would leave the url: refused
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        return dataclasses.replace(message, headers={"x-test-status": "422"})
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        received = await asyncio.to_thread(self.receiver.wait_for, count, "/" + destination)
+        assert all(request.signed for request in self.receiver.delivered)
+        return received
+
+    async def cleanup(self) -> None:
+        self.receiver.stop()

@@ -1,5 +1,5 @@
 """The contract suite runs every test against Memory, Kafka (embedded tansu), RabbitMQ, NATS
-JetStream and Redis Streams."""
+JetStream, Redis Streams and a webhook receiver of the test's own."""
 
 from __future__ import annotations
 
@@ -15,14 +15,17 @@ from tests.contract.brokers import (
     NatsBroker,
     RabbitMQBroker,
     RedisBroker,
+    WebhookBroker,
 )
 
 
-@pytest.fixture(params=["memory", "kafka", "rabbitmq", "nats", "redis"])
+@pytest.fixture(params=["memory", "kafka", "rabbitmq", "nats", "redis", "webhooks"])
 async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     chosen: Broker
     if request.param == "memory":
         chosen = MemoryBroker()
+    elif request.param == "webhooks":
+        chosen = WebhookBroker()
     elif request.param == "kafka":
         chosen = KafkaBroker(request.getfixturevalue("kafka_bootstrap"))
     elif request.param == "rabbitmq":
