@@ -59,6 +59,7 @@ class Receiver:
         self.secret = secret or new_secret()
         self._key = base64.b64decode(self.secret.removeprefix("whsec_"))
         self.answer = answer
+        self.body: str | None = None  # what every answer says (None: its status and path)
         self.delivered: list[Request] = []
         self.refused: list[tuple[int, Request]] = []
         self._lock = threading.Lock()
@@ -129,7 +130,7 @@ class Receiver:
                         self.delivered.append(request)
                     else:
                         self.refused.append((status, request))
-                payload = f"status {status} for {request.path}".encode()
+                payload = (self.body or f"status {status} for {request.path}").encode()
                 length = str(len(payload)).encode()
                 writer.write(
                     connection.send(
