@@ -326,3 +326,34 @@ class RedisTarget:
 
         with contextlib.suppress(Exception):
             self.loop.run(self._with_client(delete))
+
+
+class WebhookTarget:
+    """A webhook receiver of this run's own (tests/webhook_receiver.py) behind a fault proxy:
+    the workers post through the proxy, the receiver keeps every delivery in order."""
+
+    name = "webhooks"
+    rereadable = True  # the receiver keeps what it got
+
+    def __init__(self, loop: LoopThread) -> None:
+        from tests.webhook_receiver import Receiver
+
+        self.loop = loop
+        self.receiver = Receiver().start()
+        self.proxy = loop.call(lambda: Proxy(("127.0.0.1", self.receiver.port)))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.destination = unique("chaos")
+
+    def transport_toml(self) -> str:
+        return (
+            f'type = "webhooks"\nurl = "http://127.0.0.1:{self.proxy_port}"\n'
+            f'secret = "{self.receiver.secret}"\ntimeout = 1.5\nclose_timeout = 5\n'
+        )
+
+    def read_all(self) -> list[Received]:
+        assert all(request.signed for request in self.receiver.delivered)
+        return self.receiver.received("/" + self.destination)
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())
+        self.receiver.stop()

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from relayer.embedded import EmbeddedPostgres
-from tests.chaos.brokers import KafkaTarget, NatsTarget, RabbitTarget, RedisTarget
+from tests.chaos.brokers import KafkaTarget, NatsTarget, RabbitTarget, RedisTarget, WebhookTarget
 from tests.chaos.checker import RESULTS, table
 from tests.chaos.proxy import LoopThread
 from tests.conftest import start_pgbouncer, with_database
@@ -54,6 +54,15 @@ def nats_target(loop: LoopThread, nats_url: str) -> Iterator[NatsTarget]:
 @pytest.fixture
 def redis_target(loop: LoopThread, redis_url: str) -> Iterator[RedisTarget]:
     target = RedisTarget(loop, redis_url)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def webhooks(loop: LoopThread) -> Iterator[WebhookTarget]:
+    target = WebhookTarget(loop)
     try:
         yield target
     finally:
