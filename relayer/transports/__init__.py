@@ -2,8 +2,8 @@
 
 ``Transport`` is the contract (see ``relayer.transports.base``). Built-in transports are
 ``memory`` (fault-injectable, for tests and users), ``kafka``, ``rabbitmq``, ``nats``
-(JetStream), ``redis`` (Streams) and ``webhooks``; third-party transports register a factory
-under the entry-point group ``relayer.transports``.
+(JetStream), ``redis`` (Streams), ``webhooks`` and ``sqs``; third-party transports register a
+factory under the entry-point group ``relayer.transports``.
 """
 
 import importlib
@@ -29,6 +29,7 @@ _DRIVER_MODULES = {
     "NatsTransport": "relayer.transports.nats",
     "RedisTransport": "relayer.transports.redis",
     "WebhookTransport": "relayer.transports.webhooks",
+    "SQSTransport": "relayer.transports.sqs",
 }
 
 
@@ -50,6 +51,7 @@ __all__ = [
     "NatsTransport",
     "RabbitMQTransport",
     "RedisTransport",
+    "SQSTransport",
     "OutgoingMessage",
     "SendError",
     "Transport",

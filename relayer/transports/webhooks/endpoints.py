@@ -1,18 +1,16 @@
-"""Webhook destinations: which URL a row's destination names; the gate that bounds the
-requests under way.
+"""Webhook destinations: which URL a row's destination names.
 
 The transport's ``url`` is the base; a destination is a path below it (``""``: the base
 itself; ``orders/paid`` or ``/orders/paid``: ``{url}/orders/paid``), with an optional
 ``?query``. A destination cannot leave the base: whole URLs, ``.`` and ``..`` segments and
 characters a URL cannot carry unescaped are refused, so whoever writes outbox rows cannot send
 them (signed) to another server. So every destination of a transport is on one server (its
-endpoint), and one gate bounds the requests under way to it (``max_concurrency``). This
-module does not import the HTTP client.
+endpoint), and one gate (relayer.transports.gate) bounds the requests under way to it
+(``max_concurrency``). This module does not import the HTTP client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from dataclasses import dataclass
 
@@ -28,31 +26,6 @@ _REMEMBERED = 10_000
 
 class DestinationProblem(ValueError):
     """A destination that names no URL under the transport's ``url``."""
-
-
-class Gate:
-    """How many requests are under way, and waiting for room below the limit
-    (backpressure)."""
-
-    __slots__ = ("_room", "busy", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.busy = 0
-        self._room = asyncio.Event()
-
-    def full(self) -> bool:
-        return self.busy >= self.limit
-
-    async def enter(self) -> None:
-        while self.busy >= self.limit:
-            self._room.clear()
-            await self._room.wait()
-        self.busy += 1
-
-    def leave(self) -> None:
-        self.busy -= 1
-        self._room.set()
 
 
 @dataclass(frozen=True, slots=True)

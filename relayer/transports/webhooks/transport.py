@@ -26,10 +26,11 @@ from relayer.transports.base import (
     Settle,
     fail_quietly,
 )
+from relayer.transports.gate import Gate
 from relayer.transports.options import Options, TransportOptionError
 from relayer.transports.stalls import StallNotice
 from relayer.transports.webhooks import outcomes
-from relayer.transports.webhooks.endpoints import DestinationProblem, Endpoints, Gate, Target
+from relayer.transports.webhooks.endpoints import DestinationProblem, Endpoints, Target
 from relayer.transports.webhooks.signing import Signer
 
 # The package's name: every part of the transport logs as one (users filter on it).
