@@ -1,6 +1,6 @@
 """The broker side of a chaos run: a dedicated Kafka-protocol broker, a RabbitMQ queue, a
-JetStream stream or a Redis stream, an optional fault proxy in front of it, and reading back
-everything it got."""
+JetStream stream, a Redis stream, a webhook receiver or an SQS queue, an optional fault proxy
+in front of it, and reading back everything it got."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from relayer.embedded import EmbeddedKafka
 from tests.chaos.proxy import LoopThread, Proxy, kafka_client_id
 from tests.contract.brokers import (
+    SQS_CREDENTIALS,
+    SQS_REGION,
     Received,
     consume_kafka,
     consume_nats,
     consume_rabbitmq,
+    consume_sqs,
+    create_queue,
     create_topics,
     read_stream,
     unique,
@@ -357,3 +361,36 @@ class WebhookTarget:
     def close(self) -> None:
         self.loop.run(self.proxy.close())
         self.receiver.stop()
+
+
+class SQSTarget:
+    """A FIFO queue of this run's own on moto's SQS server, behind a fault proxy the workers
+    send through."""
+
+    name = "sqs"
+    rereadable = False  # reading empties the queue
+
+    def __init__(self, loop: LoopThread, endpoint: str) -> None:
+        self.loop = loop
+        self.endpoint = endpoint
+        parts = urlsplit(endpoint)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.proxy = loop.call(lambda: Proxy(upstream))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.destination = unique("chaos") + ".fifo"
+        loop.run(create_queue(endpoint, self.destination))
+
+    def transport_toml(self) -> str:
+        return (
+            f'type = "sqs"\nregion = "{SQS_REGION}"\n'
+            f'endpoint_url = "http://127.0.0.1:{self.proxy_port}"\n'
+            f'access_key_id = "{SQS_CREDENTIALS["access_key_id"]}"\n'
+            f'secret_access_key = "{SQS_CREDENTIALS["secret_access_key"]}"\n'
+            "timeout = 1.5\nclose_timeout = 5\n"
+        )
+
+    def read_all(self) -> list[Received]:
+        return self.loop.run(consume_sqs(self.endpoint, self.destination, 10**9), timeout=600)
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())

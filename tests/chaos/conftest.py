@@ -8,7 +8,14 @@ import psycopg
 import pytest
 
 from relayer.embedded import EmbeddedPostgres
-from tests.chaos.brokers import KafkaTarget, NatsTarget, RabbitTarget, RedisTarget, WebhookTarget
+from tests.chaos.brokers import (
+    KafkaTarget,
+    NatsTarget,
+    RabbitTarget,
+    RedisTarget,
+    SQSTarget,
+    WebhookTarget,
+)
 from tests.chaos.checker import RESULTS, table
 from tests.chaos.proxy import LoopThread
 from tests.conftest import start_pgbouncer, with_database
@@ -63,6 +70,15 @@ def redis_target(loop: LoopThread, redis_url: str) -> Iterator[RedisTarget]:
 @pytest.fixture
 def webhooks(loop: LoopThread) -> Iterator[WebhookTarget]:
     target = WebhookTarget(loop)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def sqs(loop: LoopThread, sqs_endpoint: str) -> Iterator[SQSTarget]:
+    target = SQSTarget(loop, sqs_endpoint)
     try:
         yield target
     finally:

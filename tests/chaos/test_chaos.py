@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from relayer.embedded import EmbeddedPostgres
-from tests.chaos.brokers import KafkaTarget, RabbitTarget, WebhookTarget
+from tests.chaos.brokers import KafkaTarget, RabbitTarget, SQSTarget, WebhookTarget
 from tests.chaos.checker import RESULTS, Report
 from tests.chaos.faults import StatementFaults, faketime_library, terminate
 from tests.chaos.harness import Run, Settings, Target, running
@@ -520,6 +520,34 @@ def test_smoke_webhooks_proxy(
         request,
         "proxy to the webhook endpoint: 2.4 s stall, resets",
         webhooks,
+        pg_dsn,
+        tmp_path,
+        loop,
+        faults,
+        SMOKE,
+    )
+
+
+# -- SQS -----------------------------------------------------------------------------------
+
+
+@pytest.mark.chaos_smoke
+def test_smoke_sqs_proxy(
+    request: pytest.FixtureRequest,
+    sqs: SQSTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    target = sqs
+
+    def faults(run: Run, seconds: float) -> None:
+        stall_and_resets(run, target.proxy, seconds)
+
+    relay(
+        request,
+        "proxy to SQS (moto): 2.4 s stall, resets",
+        sqs,
         pg_dsn,
         tmp_path,
         loop,
