@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +19,11 @@ from relayer.errors import TransportError
 from relayer.redact import redact
 from relayer.transports.base import (
     DestinationError,
-    OutboundBatch,
-    OutgoingMessage,
     SendError,
-    Settle,
-    fail_quietly,
 )
 from relayer.transports.gate import Gate
 from relayer.transports.options import Options, TransportOptionError
+from relayer.transports.publishing import Outcome, QueuingTransport
 from relayer.transports.sqs import encoding, outcomes
 from relayer.transports.sqs.queues import Queue, Queues
 from relayer.transports.stalls import StallNotice
@@ -41,9 +37,6 @@ _KNOWN_OPTIONS = (
 )
 BATCH_ENTRIES = 10  # SendMessageBatch's limit
 
-# Told a message's outcome: None when SQS stored it, else why not.
-Outcome = Callable[[BaseException | None], None]
-
 
 @dataclass(slots=True)
 class _Waiting:
@@ -55,7 +48,7 @@ class _Waiting:
     settle: Outcome
 
 
-class SQSTransport:
+class SQSTransport(QueuingTransport):
     """Sends to SQS queues in batches; the destination is a queue name or URL."""
 
     # OpenTelemetry's messaging.system for the relay's send spans (relayer.relay.trace).
@@ -76,7 +69,7 @@ class SQSTransport:
     ) -> None:
         """``credentials``: access_key_id, secret_access_key and session_token (None: the
         environment's, as any AWS client finds them)."""
-        self._name = name
+        super().__init__(name, close_timeout)
         self._region = region
         self._endpoint_url = endpoint_url
         self._credentials = dict(credentials or {})
@@ -87,7 +80,6 @@ class SQSTransport:
             retries={"total_max_attempts": 1},  # the relay retries, without counting SQS's faults
             max_pool_connections=max(max_outstanding // BATCH_ENTRIES, 1),
         )
-        self._close_timeout = close_timeout
         self._queues = Queues()
         self._gate = Gate(max_outstanding)
         self._client: Any = None
@@ -146,15 +138,6 @@ class SQSTransport:
         where = redact(self._endpoint_url) if self._endpoint_url else self._region
         return f"SQSTransport(name={self._name!r}, endpoint={where!r})"
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def pipelines_within_key(self) -> bool:
-        # A batch's entries succeed or fail one by one: a key's next row waits for its answer.
-        return False
-
     async def start(self) -> None:
         """Make the client; look up the ``queues`` option's queues (each must exist)."""
         self._closed = False
@@ -185,46 +168,8 @@ class SQSTransport:
         """True for a FIFO queue that exists, False for a standard one."""
         return (await self._queues.get(self._require_client(), destination)).fifo
 
-    async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        settle = functools.partial(_settle_future, future)
-        error = await self._enqueue(
-            message.destination,
-            message.id_text,
-            key=message.key,
-            body=message.body,
-            headers=message.headers,
-            settle=settle,
-        )
-        if error is not None:
-            settle(error)
-        return future
-
-    async def publish_batch(
-        self,
-        batch: OutboundBatch,
-        indexes: Sequence[int],
-        settle: Settle,
-        admitting: Callable[[], bool],
-    ) -> int:
-        """``publish`` for many rows (the relay's way): no awaitable per message."""
-        destinations, keys, ids = batch.destinations, batch.keys, batch.ids
-        bodies, headers = batch.bodies, batch.headers
-        for handed, index in enumerate(indexes):
-            if handed and self._gate.full() and not admitting():
-                return handed
-            error = await self._enqueue(
-                destinations[index],
-                ids[index],
-                key=keys[index] or None,
-                body=bodies[index],
-                headers=headers[index],
-                settle=functools.partial(settle, index),
-            )
-            if error is not None:
-                settle(index, error)
-                return handed
-        return len(indexes)
+    def _must_wait(self) -> bool:
+        return self._gate.full()
 
     def _require_client(self) -> Any:
         if self._client is None or self._closed:
@@ -237,16 +182,17 @@ class SQSTransport:
     async def _enqueue(
         self,
         destination: str,
-        message_id: str,
         *,
         key: str | None,
+        message_id: str,
         body: bytes,
-        headers: Mapping[str, str] | None,
+        extra_headers: Mapping[str, str] | None,
         settle: Outcome,
     ) -> Exception | None:
         """Queue one message for this turn's batch to its queue; the error if it fails at
         once. Raises TransportError when the transport or SQS cannot be used now."""
         client = self._require_client()
+        key = key or None
         if message_id in self._outstanding:
             # The relay gave up waiting for the first copy (a batch deadline): SQS is slow or
             # stalled, not the row at fault.
@@ -260,7 +206,7 @@ class SQSTransport:
             return outcomes.standard_queue(destination)
         try:
             entry, size = encoding.entry(
-                message_id, key, body, headers, fifo=queue.fifo, max_bytes=queue.max_bytes
+                message_id, key, body, extra_headers, fifo=queue.fifo, max_bytes=queue.max_bytes
             )
         except SendError as exc:
             return exc
@@ -342,11 +288,6 @@ class SQSTransport:
         self._gate.leave()
         item.settle(error)
 
-    async def close(self) -> None:
-        """Send what is queued and wait for SQS's answers (up to ``close_timeout``), then
-        close the client."""
-        await self.close_within(self._close_timeout)
-
     async def close_within(self, seconds: float) -> None:
         """``close``, returning within ``seconds`` (and ``close_timeout``) whatever SQS does:
         a stopping worker passes what is left of its stop budget. Batches still unanswered
@@ -376,12 +317,3 @@ class SQSTransport:
             done, _ = await asyncio.wait({closing}, timeout=max(deadline - time.monotonic(), 0.1))
             if not done:
                 closing.cancel()
-
-
-def _settle_future(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        fail_quietly(future, error)

@@ -4,11 +4,10 @@ request itself and close. The package's docstring says what the transport guaran
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,14 +19,11 @@ from relayer.transports.base import (
     MESSAGE_ID_HEADER,
     ORDERING_KEY_HEADER,
     DestinationError,
-    OutboundBatch,
-    OutgoingMessage,
     SendError,
-    Settle,
-    fail_quietly,
 )
 from relayer.transports.gate import Gate
 from relayer.transports.options import Options, TransportOptionError
+from relayer.transports.publishing import Outcome, QueuingTransport
 from relayer.transports.stalls import StallNotice
 from relayer.transports.webhooks import outcomes
 from relayer.transports.webhooks.endpoints import DestinationProblem, Endpoints, Target
@@ -52,11 +48,8 @@ _RESERVED = frozenset(
 # How much of an answer's body is read (for a refused row's error); the rest is not awaited.
 _READ_BYTES = 4_096
 
-# Told a request's outcome: None on a 2xx, else why not.
-Outcome = Callable[[BaseException | None], None]
 
-
-class WebhookTransport:
+class WebhookTransport(QueuingTransport):
     """POSTs each message, signed, to an endpoint under ``url``; the destination is a path."""
 
     def __init__(
@@ -71,13 +64,12 @@ class WebhookTransport:
         close_timeout: float = 30.0,
         content_type: str = "application/json",
     ) -> None:
-        self._name = name
+        super().__init__(name, close_timeout)
         self._url = url
         self._signer = Signer(secret)
         self._endpoints = Endpoints(url)
         self._gate = Gate(max_concurrency)
         self._timeout = httpx.Timeout(timeout, connect=connect_timeout, pool=None)
-        self._close_timeout = close_timeout
         self._content_type = content_type.encode()
         self._client: httpx.AsyncClient | None = None
         self._closed = False
@@ -122,14 +114,6 @@ class WebhookTransport:
     def __repr__(self) -> str:
         return f"WebhookTransport(name={self._name!r}, url={redact(self._url)!r})"
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def pipelines_within_key(self) -> bool:
-        return False  # a key's next row waits for the previous one's 2xx
-
     async def start(self) -> None:
         self._closed = False
         if self._client is None:
@@ -159,55 +143,17 @@ class WebhookTransport:
             raise DestinationError(str(exc)) from None
         return True
 
-    async def publish(self, message: OutgoingMessage) -> Awaitable[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        settle = functools.partial(_settle_future, future)
-        error = await self._hand(
-            message.destination,
-            message.id_text,
-            key=message.key,
-            body=message.body,
-            headers=message.headers,
-            settle=settle,
-        )
-        if error is not None:
-            settle(error)
-        return future
+    def _must_wait(self) -> bool:
+        return self._gate.full()
 
-    async def publish_batch(
-        self,
-        batch: OutboundBatch,
-        indexes: Sequence[int],
-        settle: Settle,
-        admitting: Callable[[], bool],
-    ) -> int:
-        """``publish`` for many rows (the relay's way): no awaitable per message."""
-        destinations, keys, ids = batch.destinations, batch.keys, batch.ids
-        bodies, headers = batch.bodies, batch.headers
-        for handed, index in enumerate(indexes):
-            if handed and self._gate.full() and not admitting():
-                return handed
-            error = await self._hand(
-                destinations[index],
-                ids[index],
-                key=keys[index] or None,
-                body=bodies[index],
-                headers=headers[index],
-                settle=functools.partial(settle, index),
-            )
-            if error is not None:
-                settle(index, error)
-                return handed
-        return len(indexes)
-
-    async def _hand(
+    async def _enqueue(
         self,
         destination: str,
-        message_id: str,
         *,
         key: str | None,
+        message_id: str,
         body: bytes,
-        headers: Mapping[str, str] | None,
+        extra_headers: Mapping[str, str] | None,
         settle: Outcome,
     ) -> Exception | None:
         """Start one request once its endpoint has room; the error if it fails at once.
@@ -228,7 +174,7 @@ class WebhookTransport:
             self._notice.refused(len(self._requests), self._answered_at)
             return outcomes.still_waiting(message_id, target.shown)
         try:
-            request_headers = self._headers(message_id, key, body, headers)
+            request_headers = self._headers(message_id, key or None, body, extra_headers)
         except SendError as exc:
             return exc
         await self._gate.enter()
@@ -324,10 +270,6 @@ class WebhookTransport:
         except httpx.HTTPError as exc:  # refused, reset, timed out: no answer
             return outcomes.unreachable(target.shown, exc), False
 
-    async def close(self) -> None:
-        """Wait for the requests under way (up to ``close_timeout``), then disconnect."""
-        await self.close_within(self._close_timeout)
-
     async def close_within(self, seconds: float) -> None:
         """``close``, returning within ``seconds`` (and ``close_timeout``) whatever the
         endpoints do: a stopping worker passes what is left of its stop budget. Requests still
@@ -379,12 +321,3 @@ async def _read_some(response: httpx.Response) -> bytes:
     except httpx.HTTPError:
         pass  # the status says enough
     return read[:_READ_BYTES]
-
-
-def _settle_future(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        fail_quietly(future, error)
