@@ -15,6 +15,7 @@ import base64
 import hashlib
 import hmac
 import os
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -170,3 +171,16 @@ class Receiver:
                 )
             else:  # ConnectionClosed, PAUSED
                 return None
+
+
+def main() -> None:
+    """``python -m tests.webhook_receiver SECRET``: a receiver in a process of its own (the
+    benchmarks measure its CPU); prints its port, serves until its stdin closes."""
+    receiver = Receiver(secret=sys.argv[1]).start()
+    print(receiver.port, flush=True)
+    sys.stdin.read()
+    receiver.stop()
+
+
+if __name__ == "__main__":
+    main()
