@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-EXTRAS := kafka,rabbitmq,nats,redis,sqlalchemy,embedded,otel,metrics,dashboard,dev
+EXTRAS := kafka,rabbitmq,nats,redis,webhooks,sqs,sqlalchemy,embedded,otel,metrics,dashboard,dev
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo test lint typecheck pytest wheel-check docs docs-serve bench chaos clean

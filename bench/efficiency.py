@@ -1,13 +1,15 @@
 """Efficiency: CPU per message of every process on the data path, against the machine's limit.
 
-    python bench/efficiency.py [--rows 100000] [--transport kafka,rabbitmq,nats,redis,memory]
-                               [--rounds 1]
+    python bench/efficiency.py [--rows 100000]
+                               [--transport kafka,rabbitmq,nats,redis,webhooks,sqs,memory]
+                               [--rounds 1] [--http-rows 5000]
                                [--no-steady] [--no-drains] [--steady-seconds 30]
                                [--steady-rate 1000] [--instructions]
                                [--lanes 65536]
 
 Contenders, measured in one run against the same PostgreSQL and brokers:
-- relay -> Kafka / RabbitMQ / NATS JetStream / Redis Streams / memory: ``relayer --config
+- relay -> Kafka / RabbitMQ / NATS JetStream / Redis Streams / webhooks / SQS / memory:
+  ``relayer --config
   FILE run STORE`` (the real CLI, default worker settings; the store has 64 lanes, the default
   batch size and notify on) started on an empty outbox; once it serves and has relayed 1,000
   unmeasured rows, N rows (200-byte bodies, 10,000 keys) are written in ONE transaction; CPU
@@ -15,8 +17,12 @@ Contenders, measured in one run against the same PostgreSQL and brokers:
   msg/s = N / (empty - committed).
 - bare confluent-kafka producer, bare RabbitMQ publisher (aio-pika, pipelined confirms), bare
   NATS publisher (nats-py, 1,000 acknowledgements outstanding) and bare Redis client (XADDs in
-  pipelines of 1,000: bench/queued_brokers.py), in a child process, the same messages from
-  memory; the child measures its own CPU around the send loop only.
+  pipelines of 1,000: bench/queued_brokers.py), bare webhook client (httpx, signed POSTs, 50 at
+  once) and bare SQS client (aiobotocore, SendMessageBatch of 10, 100 requests outstanding:
+  bench/http_endpoints.py), in a child process, the same messages from memory; the child
+  measures its own CPU around the send loop only. Webhooks go to a receiver
+  (tests/webhook_receiver.py) and SQS to moto's server (tests/sqs_server.py), each a local
+  process of its own whose CPU is the broker's; their drains send --http-rows rows.
 - the least PostgreSQL work: a child that, per lane and in one transaction, locks the lane's
   lease row, reads 500 rows head first, deletes them by an id array and commits; its own CPU
   and its backend's.
@@ -82,13 +88,15 @@ from bench.efficiency_processes import (
     write_config,
 )
 from bench.efficiency_steady import LABELS, idle, steady
+from bench.http_endpoints import SQS_OPTIONS, sqs_server, webhook_receiver
 from bench.queued_brokers import nats_pids, redis_pids
 from bench.relay import applied, make_store, write_backlog
 from bench.transport_bare import kafka_cluster
 from relayer.redact import redact
 
 ROOT = Path(__file__).resolve().parents[1]
-TRANSPORTS = ("kafka", "rabbitmq", "nats", "redis", "memory")
+TRANSPORTS = ("kafka", "rabbitmq", "nats", "redis", "webhooks", "sqs", "memory")
+HTTP = ("webhooks", "sqs")
 DEFAULT_LANES = 64
 WARM_UP_ROWS = 1_000  # relayed before each drain's backlog, not measured
 
@@ -146,7 +154,7 @@ def window_row(path: str, window: Window, messages: int, rate: float) -> Row:
 
 async def relay_drain(environment: Environment, transport: str, lanes: int) -> Row:
     arguments = environment.arguments
-    rows = arguments.rabbitmq_rows if transport == "rabbitmq" else arguments.rows
+    rows = rows_of(arguments, transport)
     with (
         scratch_schema(environment.dsn, "efficiency") as schema_name,
         tempfile.TemporaryDirectory() as folder,
@@ -216,6 +224,27 @@ async def bare_queued(environment: Environment, transport: str) -> Row:
         url = getattr(environment.arguments, f"{transport}_url")
         options = {"url": url, "destination": target, "rows": environment.arguments.rows}
         label = {"nats": "bare NATS publisher (nats-py)", "redis": "bare Redis XADD (redis-py)"}
+        return await bare(label[transport], environment, transport, f"bare-{transport}", options)
+
+
+def rows_of(arguments: argparse.Namespace, transport: str) -> int:
+    """Rows of a drain (and of its bare client): fewer where each costs a round trip."""
+    if transport == "rabbitmq":
+        return int(arguments.rabbitmq_rows)
+    if transport in HTTP:
+        return int(arguments.http_rows)
+    return int(arguments.rows)
+
+
+async def bare_http(environment: Environment, transport: str) -> Row:
+    """The bare webhook or SQS client (bench/http_endpoints.py)."""
+    async with destination(environment, transport) as target:
+        options = {
+            **environment.http[transport],
+            "destination": target,
+            "rows": environment.arguments.http_rows,
+        }
+        label = {"webhooks": "bare webhook POSTs (httpx)", "sqs": "bare SQS batches (aiobotocore)"}
         return await bare(label[transport], environment, transport, f"bare-{transport}", options)
 
 
@@ -295,6 +324,10 @@ def contenders(environment: Environment) -> list[tuple[str, Callable[[], Awaitab
         if transport in ("nats", "redis"):
             found.append(
                 (f"bare {transport}", lambda chosen=transport: bare_queued(environment, chosen))
+            )
+        if transport in HTTP:
+            found.append(
+                (f"bare {transport}", lambda chosen=transport: bare_http(environment, chosen))
             )
     found.append(("floor", lambda: least_postgres_work(environment)))
     return found
@@ -415,6 +448,12 @@ async def main_async(arguments: argparse.Namespace) -> None:
     assert main_task is not None
     # SIGTERM unwinds like Ctrl-C: the worker, the children and the scratch schemas go too.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    async with contextlib.AsyncExitStack() as stack_async:
+        await measure_in(arguments, stack_async)
+
+
+async def measure_in(arguments: argparse.Namespace, stack_async: contextlib.AsyncExitStack) -> None:
+    """The run, with the HTTP endpoints' servers on ``stack_async``."""
     with postgres(arguments.dsn) as dsn, contextlib.ExitStack() as stack:
         print(f"machine: {machine()}; {server_version(dsn)}")
         print(f"commit: {commit()}")
@@ -438,6 +477,14 @@ async def main_async(arguments: argparse.Namespace) -> None:
         for transport, find in (("nats", nats_pids), ("redis", redis_pids)):
             if transport in arguments.transports and (pids := find()):
                 environment.broker_pids[transport] = pids
+        if "webhooks" in arguments.transports:
+            url, secret, pid = await stack_async.enter_async_context(webhook_receiver())
+            environment.http["webhooks"] = {"url": url, "secret": secret}
+            environment.broker_pids["webhooks"] = [pid]
+        if "sqs" in arguments.transports:
+            endpoint, pid = await stack_async.enter_async_context(sqs_server())
+            environment.http["sqs"] = {"endpoint_url": endpoint, **SQS_OPTIONS}
+            environment.broker_pids["sqs"] = [pid]
         if arguments.drains:
             results = await measure_all(environment)
             print_table(list(results.values()), arguments.rounds)
@@ -544,7 +591,13 @@ def main() -> None:
         dest="transports",
         type=transports,
         default=list(TRANSPORTS),
-        help="comma-separated: kafka,rabbitmq,nats,redis,memory",
+        help="comma-separated: kafka,rabbitmq,nats,redis,webhooks,sqs,memory",
+    )
+    parser.add_argument(
+        "--http-rows",
+        type=bounded(int, 1),
+        default=5_000,
+        help="rows of the webhooks and SQS drains and bare clients (a round trip a key's row)",
     )
     parser.add_argument(
         "--rabbitmq-rows",

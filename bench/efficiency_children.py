@@ -1,6 +1,7 @@
 """The processes bench/efficiency.py measures, each started as ``python THIS KIND JSON``.
 
 - ``bare-kafka``, ``bare-kafka-steady``, ``bare-rabbitmq``, ``bare-nats``, ``bare-redis``,
+  ``bare-webhooks``, ``bare-sqs``,
   ``floor``: set up, print
   ``{"ready": ...}``, wait for a line on stdin, do the measured work, print one JSON line with
   its own CPU seconds (main thread and whole process, ``time.thread_time`` /
@@ -156,6 +157,20 @@ async def bare_queued(kind: str, options: dict[str, Any]) -> None:
     await asyncio.to_thread(ready)
     started, before = time.perf_counter(), clocks()
     await send(options["url"], options["destination"], batch)
+    report(spent(before, seconds=time.perf_counter() - started))
+
+
+async def bare_http(kind: str, options: dict[str, Any]) -> None:
+    """bare-webhooks or bare-sqs (bench/http_endpoints.py), from the same messages."""
+    from bench.http_endpoints import post_webhooks, send_sqs
+
+    batch = messages(options["rows"], KEYS, "")
+    await asyncio.to_thread(ready)
+    started, before = time.perf_counter(), clocks()
+    if kind == "bare-webhooks":
+        await post_webhooks(options["url"], options["secret"], options["destination"], batch)
+    else:
+        await send_sqs(options["endpoint_url"], options["destination"], batch)
     report(spent(before, seconds=time.perf_counter() - started))
 
 
@@ -500,6 +515,8 @@ def main() -> None:
         asyncio.run(bare_rabbitmq(options))
     elif kind in ("bare-nats", "bare-redis"):
         asyncio.run(bare_queued(kind, options))
+    elif kind in ("bare-webhooks", "bare-sqs"):
+        asyncio.run(bare_http(kind, options))
     elif kind == "floor":
         floor(options)
     elif kind == "floor-steady":

@@ -39,6 +39,8 @@ class Environment:
     arguments: argparse.Namespace
     bootstrap: str | None = None
     broker_pids: dict[str, list[int]] = field(default_factory=dict)
+    # webhooks: url and secret of the receiver; sqs: the endpoint and credentials.
+    http: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def tansu_pids(bootstrap: str) -> list[int]:
@@ -75,6 +77,8 @@ def transport_options(environment: Environment, transport: str) -> dict[str, Any
         return {"type": "nats", "url": environment.arguments.nats_url}
     if transport == "redis":
         return {"type": "redis", "url": environment.arguments.redis_url}
+    if transport in ("webhooks", "sqs"):
+        return {"type": transport, **environment.http[transport]}
     return {"type": "memory"}
 
 
@@ -98,6 +102,11 @@ async def destination(environment: Environment, transport: str) -> AsyncIterator
 
         async with redis_stream(environment.arguments.redis_url) as stream:
             yield stream
+    elif transport == "sqs":
+        from bench.http_endpoints import sqs_queue
+
+        async with sqs_queue(environment.http["sqs"]["endpoint_url"]) as queue:
+            yield queue
     else:
         yield "events"
 

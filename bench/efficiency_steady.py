@@ -44,6 +44,8 @@ LABELS = {
     "rabbitmq": "RabbitMQ",
     "nats": "NATS JetStream",
     "redis": "Redis Streams",
+    "webhooks": "webhooks",
+    "sqs": "SQS (moto)",
     "memory": "memory",
 }
 

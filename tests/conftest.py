@@ -27,6 +27,7 @@ from tests.services import (
     find_rabbitmq,
     start_kafka,
     start_postgres,
+    start_sqs,
     started,
     unavailable,
 )
@@ -198,6 +199,16 @@ def redis_url() -> str:
         )
     assert service is not None
     return service.address
+
+
+@pytest.fixture(scope="session")
+def sqs_endpoint() -> Iterator[str]:
+    """moto's SQS server (tests/sqs_server.py): its URL; any credentials will do."""
+    with started(start_sqs, "SQS (moto's server)") as service:
+        if isinstance(service, str):
+            unavailable(service)
+        else:
+            yield service.address
 
 
 def start_pgbouncer(server: str, **options: Any) -> PgBouncer:

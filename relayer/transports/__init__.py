@@ -2,8 +2,8 @@
 
 ``Transport`` is the contract (see ``relayer.transports.base``). Built-in transports are
 ``memory`` (fault-injectable, for tests and users), ``kafka``, ``rabbitmq``, ``nats``
-(JetStream) and ``redis`` (Streams); third-party transports register a factory under the
-entry-point group ``relayer.transports``.
+(JetStream), ``redis`` (Streams), ``webhooks`` and ``sqs``; third-party transports register a
+factory under the entry-point group ``relayer.transports``.
 """
 
 import importlib
@@ -28,6 +28,8 @@ _DRIVER_MODULES = {
     "RabbitMQTransport": "relayer.transports.rabbitmq",
     "NatsTransport": "relayer.transports.nats",
     "RedisTransport": "relayer.transports.redis",
+    "WebhookTransport": "relayer.transports.webhooks",
+    "SQSTransport": "relayer.transports.sqs",
 }
 
 
@@ -49,11 +51,13 @@ __all__ = [
     "NatsTransport",
     "RabbitMQTransport",
     "RedisTransport",
+    "SQSTransport",
     "OutgoingMessage",
     "SendError",
     "Transport",
     "TransportFactory",
     "TransportUnavailableError",
+    "WebhookTransport",
     "create_transport",
     "create_transports",
     "known_types",

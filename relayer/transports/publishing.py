@@ -1,4 +1,4 @@
-"""What the transports that queue one message at a time share (the NATS and Redis ones).
+"""What the transports that queue one message at a time share (NATS, Redis, webhooks, SQS).
 
 Such a transport implements ``_enqueue``: hand one message to the client and arrange for
 ``settle`` to be called once with its outcome; return the error at once if the message cannot

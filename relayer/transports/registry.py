@@ -1,9 +1,9 @@
 """From a store's transport settings to transport instances.
 
-Built-in types are ``memory``, ``kafka``, ``rabbitmq``, ``nats`` and ``redis``; any other
-``type`` is looked up in the entry-point group ``relayer.transports``, whose entries are
-factories ``factory(name, options) -> Transport`` (see ``TransportFactory``). The broker modules are
-imported only when a store uses them, so relayer works without those extras.
+Built-in types are ``memory``, ``kafka``, ``rabbitmq``, ``nats``, ``redis``, ``webhooks`` and
+``sqs``; any other ``type`` is looked up in the entry-point group ``relayer.transports``, whose
+entries are factories ``factory(name, options) -> Transport`` (see ``TransportFactory``). The
+broker modules are imported only when a store uses them, so relayer works without those extras.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ _BUILT_INS = {
     ),
     "nats": _BuiltIn("relayer.transports.nats", "NatsTransport", "nats", "nats"),
     "redis": _BuiltIn("relayer.transports.redis", "RedisTransport", "redis", "redis"),
+    "webhooks": _BuiltIn("relayer.transports.webhooks", "WebhookTransport", "webhooks", "httpx"),
+    "sqs": _BuiltIn("relayer.transports.sqs", "SQSTransport", "sqs", "aiobotocore"),
 }
 
 

@@ -1,6 +1,6 @@
 """The broker side of a chaos run: a dedicated Kafka-protocol broker, a RabbitMQ queue, a
-JetStream stream or a Redis stream, an optional fault proxy in front of it, and reading back
-everything it got."""
+JetStream stream, a Redis stream, a webhook receiver or an SQS queue, an optional fault proxy
+in front of it, and reading back everything it got."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from relayer.embedded import EmbeddedKafka
 from tests.chaos.proxy import LoopThread, Proxy, kafka_client_id
 from tests.contract.brokers import (
+    SQS_CREDENTIALS,
+    SQS_REGION,
     Received,
     consume_kafka,
     consume_nats,
     consume_rabbitmq,
+    consume_sqs,
+    create_queue,
     create_topics,
     read_stream,
     unique,
@@ -326,3 +330,67 @@ class RedisTarget:
 
         with contextlib.suppress(Exception):
             self.loop.run(self._with_client(delete))
+
+
+class WebhookTarget:
+    """A webhook receiver of this run's own (tests/webhook_receiver.py) behind a fault proxy:
+    the workers post through the proxy, the receiver keeps every delivery in order."""
+
+    name = "webhooks"
+    rereadable = True  # the receiver keeps what it got
+
+    def __init__(self, loop: LoopThread) -> None:
+        from tests.webhook_receiver import Receiver
+
+        self.loop = loop
+        self.receiver = Receiver().start()
+        self.proxy = loop.call(lambda: Proxy(("127.0.0.1", self.receiver.port)))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.destination = unique("chaos")
+
+    def transport_toml(self) -> str:
+        return (
+            f'type = "webhooks"\nurl = "http://127.0.0.1:{self.proxy_port}"\n'
+            f'secret = "{self.receiver.secret}"\ntimeout = 1.5\nclose_timeout = 5\n'
+        )
+
+    def read_all(self) -> list[Received]:
+        assert all(request.signed for request in self.receiver.delivered)
+        return self.receiver.received("/" + self.destination)
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())
+        self.receiver.stop()
+
+
+class SQSTarget:
+    """A FIFO queue of this run's own on moto's SQS server, behind a fault proxy the workers
+    send through."""
+
+    name = "sqs"
+    rereadable = False  # reading empties the queue
+
+    def __init__(self, loop: LoopThread, endpoint: str) -> None:
+        self.loop = loop
+        self.endpoint = endpoint
+        parts = urlsplit(endpoint)
+        upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.proxy = loop.call(lambda: Proxy(upstream))
+        self.proxy_port = loop.run(self.proxy.listen())
+        self.destination = unique("chaos") + ".fifo"
+        loop.run(create_queue(endpoint, self.destination))
+
+    def transport_toml(self) -> str:
+        return (
+            f'type = "sqs"\nregion = "{SQS_REGION}"\n'
+            f'endpoint_url = "http://127.0.0.1:{self.proxy_port}"\n'
+            f'access_key_id = "{SQS_CREDENTIALS["access_key_id"]}"\n'
+            f'secret_access_key = "{SQS_CREDENTIALS["secret_access_key"]}"\n'
+            "timeout = 1.5\nclose_timeout = 5\n"
+        )
+
+    def read_all(self) -> list[Received]:
+        return self.loop.run(consume_sqs(self.endpoint, self.destination, 10**9), timeout=600)
+
+    def close(self) -> None:
+        self.loop.run(self.proxy.close())

@@ -8,7 +8,14 @@ import psycopg
 import pytest
 
 from relayer.embedded import EmbeddedPostgres
-from tests.chaos.brokers import KafkaTarget, NatsTarget, RabbitTarget, RedisTarget
+from tests.chaos.brokers import (
+    KafkaTarget,
+    NatsTarget,
+    RabbitTarget,
+    RedisTarget,
+    SQSTarget,
+    WebhookTarget,
+)
 from tests.chaos.checker import RESULTS, table
 from tests.chaos.proxy import LoopThread
 from tests.conftest import start_pgbouncer, with_database
@@ -54,6 +61,24 @@ def nats_target(loop: LoopThread, nats_url: str) -> Iterator[NatsTarget]:
 @pytest.fixture
 def redis_target(loop: LoopThread, redis_url: str) -> Iterator[RedisTarget]:
     target = RedisTarget(loop, redis_url)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def webhooks(loop: LoopThread) -> Iterator[WebhookTarget]:
+    target = WebhookTarget(loop)
+    try:
+        yield target
+    finally:
+        target.close()
+
+
+@pytest.fixture
+def sqs(loop: LoopThread, sqs_endpoint: str) -> Iterator[SQSTarget]:
+    target = SQSTarget(loop, sqs_endpoint)
     try:
         yield target
     finally:

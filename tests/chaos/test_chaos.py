@@ -4,7 +4,8 @@ table printed at the end of the session (docs/chaos.md).
 
 ``make chaos`` runs every scenario (marker ``chaos``); ``make test`` runs the short smoke
 versions (marker ``chaos_smoke``) of SIGKILL-before-delete and pg_terminate_backend (and, in
-tests/chaos/test_pgbouncer.py, of SIGKILL and a restart through PgBouncer).
+tests/chaos/test_pgbouncer.py, of SIGKILL and a restart through PgBouncer), and the smokes of
+the HTTP transports (a stall and resets through the proxy in front of their endpoint).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from relayer.embedded import EmbeddedPostgres
-from tests.chaos.brokers import KafkaTarget, RabbitTarget
+from tests.chaos.brokers import KafkaTarget, RabbitTarget, SQSTarget, WebhookTarget
 from tests.chaos.checker import RESULTS, Report
 from tests.chaos.faults import StatementFaults, faketime_library, terminate
 from tests.chaos.harness import Run, Settings, Target, running
@@ -484,6 +485,74 @@ def test_rabbitmq_kill_before_delete(
         loop,
         kill_before_delete,
         FULL,
+    )
+
+
+def stall_and_resets(run: Run, proxy: Proxy, seconds: float) -> None:
+    """A stall past the batch deadline, then resets of every connection."""
+    until(run, seconds / 4)
+    run.loop.call(proxy.stall)
+    hold(run, SETTINGS.lease * 0.6)
+    run.loop.call(proxy.resume)
+    run.injected()
+    until(run, seconds * 2 / 3)
+    assert run.loop.call(proxy.reset) > 0
+    run.injected()
+
+
+# -- webhooks ------------------------------------------------------------------------------
+
+
+@pytest.mark.chaos_smoke
+def test_smoke_webhooks_proxy(
+    request: pytest.FixtureRequest,
+    webhooks: WebhookTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    target = webhooks
+
+    def faults(run: Run, seconds: float) -> None:
+        stall_and_resets(run, target.proxy, seconds)
+
+    relay(
+        request,
+        "proxy to the webhook endpoint: 2.4 s stall, resets",
+        webhooks,
+        pg_dsn,
+        tmp_path,
+        loop,
+        faults,
+        SMOKE,
+    )
+
+
+# -- SQS -----------------------------------------------------------------------------------
+
+
+@pytest.mark.chaos_smoke
+def test_smoke_sqs_proxy(
+    request: pytest.FixtureRequest,
+    sqs: SQSTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    target = sqs
+
+    def faults(run: Run, seconds: float) -> None:
+        stall_and_resets(run, target.proxy, seconds)
+
+    relay(
+        request,
+        "proxy to SQS (moto): 2.4 s stall, resets",
+        sqs,
+        pg_dsn,
+        tmp_path,
+        loop,
+        faults,
+        SMOKE,
     )
 
 

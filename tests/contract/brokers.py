@@ -45,6 +45,8 @@ class Broker:
     name = "?"
     # Whether a destination that does not exist is refused by ordered_by_key.
     transport: Transport
+    # Seconds the 1,000-key test may take to publish (a webhook is one request a message).
+    deadline = 30.0
 
     async def open(self) -> Transport:
         raise NotImplementedError
@@ -460,3 +462,149 @@ async def read_stream(client: Any, stream: str) -> list[Received]:
         if len(entries) < 10_000:
             return received
         start = "(" + entries[-1][0].decode()
+
+
+class WebhookBroker(Broker):
+    """A receiver of the test's own (tests/webhook_receiver.py); destinations are paths."""
+
+    name = "webhooks"
+    deadline = 120.0
+
+    def __init__(self) -> None:
+        from tests.webhook_receiver import Receiver
+
+        self.receiver = Receiver().start()
+
+    async def open(self) -> Transport:
+        from relayer.transports.webhooks import WebhookTransport
+
+        transport = WebhookTransport("webhooks", self.receiver.url, self.receiver.secret)
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        return unique("hooks")
+
+    def bad_destination(self) -> str:
+        return unique("missing") + "/../elsewhere"  # would leave the url: refused
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        return dataclasses.replace(message, headers={"x-test-status": "422"})
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        received = await asyncio.to_thread(self.receiver.wait_for, count, "/" + destination)
+        assert all(request.signed for request in self.receiver.delivered)
+        return received
+
+    async def cleanup(self) -> None:
+        self.receiver.stop()
+
+
+SQS_CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing"}
+SQS_REGION = "us-east-1"
+
+
+def sqs_client(endpoint: str) -> Any:
+    """An aiobotocore SQS client context for ``endpoint`` (moto: dummy credentials)."""
+    from aiobotocore.session import get_session
+
+    return get_session().create_client(
+        "sqs",
+        region_name=SQS_REGION,
+        endpoint_url=endpoint,
+        aws_access_key_id=SQS_CREDENTIALS["access_key_id"],
+        aws_secret_access_key=SQS_CREDENTIALS["secret_access_key"],
+    )
+
+
+async def create_queue(endpoint: str, name: str, **attributes: str) -> str:
+    fifo = {"FifoQueue": "true"} if name.endswith(".fifo") else {}
+    async with sqs_client(endpoint) as client:
+        answer = await client.create_queue(QueueName=name, Attributes={**fifo, **attributes})
+    return str(answer["QueueUrl"])
+
+
+async def consume_sqs(
+    endpoint: str, queue: str, count: int, idle_seconds: float = 5.0
+) -> list[Received]:
+    """Receive (and delete) from ``queue`` until ``count`` messages came or it stayed empty for
+    ``idle_seconds``; bodies and headers decoded as docs/sqs.md tells consumers to."""
+    import base64
+    import json
+    import time
+
+    received: list[Received] = []
+    async with sqs_client(endpoint) as client:
+        url = (await client.get_queue_url(QueueName=queue))["QueueUrl"]
+        idle_since = time.monotonic()
+        while len(received) < count and time.monotonic() - idle_since < idle_seconds:
+            answer = await client.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=10,
+                MessageAttributeNames=["All"],
+                VisibilityTimeout=600,
+            )
+            messages = answer.get("Messages") or []
+            if not messages:
+                await asyncio.sleep(0.1)
+                continue
+            idle_since = time.monotonic()
+            for message in messages:
+                attributes = {
+                    name: value["StringValue"]
+                    for name, value in (message.get("MessageAttributes") or {}).items()
+                }
+                encoding = attributes.pop("relayer-body-encoding", None)
+                text = message["Body"]
+                body = (
+                    b""
+                    if encoding == "empty"
+                    else base64.b64decode(text)
+                    if encoding == "base64"
+                    else text.encode()
+                )
+                headers = json.loads(attributes.pop("relayer-headers", "{}"))
+                headers.update(attributes)
+                received.append(Received(body, headers, headers.get(ORDERING_KEY_HEADER)))
+            await client.delete_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(number), "ReceiptHandle": message["ReceiptHandle"]}
+                    for number, message in enumerate(messages)
+                ],
+            )
+    return received
+
+
+class SQSBroker(Broker):
+    """moto's SQS server; destinations are FIFO queues of the test's own."""
+
+    name = "sqs"
+    deadline = 120.0
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    async def open(self) -> Transport:
+        from relayer.transports.sqs import SQSTransport
+
+        transport = SQSTransport(
+            "sqs", SQS_REGION, endpoint_url=self.endpoint, credentials=SQS_CREDENTIALS
+        )
+        await transport.start()
+        return transport
+
+    async def destination(self) -> str:
+        name = unique("queue") + ".fifo"
+        await create_queue(self.endpoint, name)
+        return name
+
+    def bad_destination(self) -> str:
+        return unique("missing") + ".fifo"
+
+    def failing(self, message: OutgoingMessage) -> OutgoingMessage:
+        # Over the queue's MaximumMessageSize (1 MiB): refused before it is sent.
+        return dataclasses.replace(message, body=b"x" * 1_100_000)
+
+    async def consume(self, destination: str, count: int) -> list[Received]:
+        return await consume_sqs(self.endpoint, destination, count)

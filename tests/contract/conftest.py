@@ -1,5 +1,5 @@
 """The contract suite runs every test against Memory, Kafka (embedded tansu), RabbitMQ, NATS
-JetStream and Redis Streams."""
+JetStream, Redis Streams, a webhook receiver of the test's own and SQS (moto's server)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,20 @@ from tests.contract.brokers import (
     NatsBroker,
     RabbitMQBroker,
     RedisBroker,
+    SQSBroker,
+    WebhookBroker,
 )
 
 
-@pytest.fixture(params=["memory", "kafka", "rabbitmq", "nats", "redis"])
+@pytest.fixture(params=["memory", "kafka", "rabbitmq", "nats", "redis", "webhooks", "sqs"])
 async def broker(request: pytest.FixtureRequest) -> AsyncIterator[Broker]:
     chosen: Broker
     if request.param == "memory":
         chosen = MemoryBroker()
+    elif request.param == "sqs":
+        chosen = SQSBroker(request.getfixturevalue("sqs_endpoint"))
+    elif request.param == "webhooks":
+        chosen = WebhookBroker()
     elif request.param == "kafka":
         chosen = KafkaBroker(request.getfixturevalue("kafka_bootstrap"))
     elif request.param == "rabbitmq":

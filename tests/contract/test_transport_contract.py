@@ -75,7 +75,7 @@ async def test_per_key_order_with_many_keys_in_flight(broker: Broker, transport:
     destination = await broker.destination()
     assert await transport.ordered_by_key(destination) is True
     messages = batch(destination, KEYS, PER_KEY)
-    outcomes = await relay_messages(transport, messages)
+    outcomes = await relay_messages(transport, messages, deadline=broker.deadline)
     assert [sent for sent in outcomes if sent.outcome != "acked"] == []
 
     received = await broker.consume(destination, len(messages))

@@ -62,10 +62,10 @@ def test_a_store_gets_every_transport_with_its_batch_deadline() -> None:
 
 def test_an_unknown_type_names_the_field_the_value_and_the_known_types() -> None:
     with pytest.raises(ConfigurationError) as caught:
-        create_transport("orders", "bus", settings("sqs"))
+        create_transport("orders", "bus", settings("carrier-pigeon"))
     error = caught.value
     assert error.field == "stores.orders.transports.bus.type"
-    assert error.value == "sqs"
+    assert error.value == "carrier-pigeon"
     assert "memory, kafka, rabbitmq" in error.rule
     assert "relayer.transports" in error.rule
 
