@@ -51,12 +51,6 @@ CASES: list[tuple[CliCase, str]] = [
         "`relayer schema grants --help` shows the usage",
     ),
     (
-        CliCase("unknown-command", ("relay",)),
-        "relayer: error: argument COMMAND: invalid choice: 'relay' (choose from 'schema', 'run', "
-        "'status', 'parked', 'queue', 'dashboard', 'demo', 'dev', 'completion'); `relayer --help` "
-        "shows the usage",
-    ),
-    (
         CliCase("unknown-option", ("status", "orders", "--jsn")),
         "relayer: error: unrecognized arguments: --jsn; `relayer --help` shows the usage",
     ),
@@ -96,6 +90,14 @@ def test_refused_with_one_line(
     case: CliCase, expected: str, results: dict[str, subprocess.CompletedProcess[str]]
 ) -> None:
     assert error_line(results[case.name]) == expected
+
+
+def test_an_unknown_command_is_refused_with_one_line_naming_the_commands(tmp_path: Path) -> None:
+    line = error_line(run_cases([CliCase("unknown", ("relay",))], tmp_path, BASE)["unknown"])
+    assert line.startswith(
+        "relayer: error: argument COMMAND: invalid choice: 'relay' (choose from 'schema', 'run', "
+    ), line
+    assert line.endswith("); `relayer --help` shows the usage"), line
 
 
 def test_a_role_of_63_bytes_and_a_quoted_name_are_granted_to_as_given(tmp_path: Path) -> None:
