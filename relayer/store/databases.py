@@ -186,7 +186,8 @@ class Database:
         self.batched = Housekeeping(
             self.housekeeping, prepare=store.pooler != "transaction", label=key.label
         )
-        self.idle = IdleWatch(self.housekeeping)  # idle stores polled together
+        # Idle stores polled together.
+        self.idle = IdleWatch(self.housekeeping, prepare=store.pooler != "transaction")
         self.listener = (
             SharedListener(
                 store,

@@ -36,8 +36,12 @@ class IdleWatch:
     """Polls the idle stores of one database together on ``session`` (its housekeeping
     session): see the module docstring."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, *, prepare: bool) -> None:
         self.session = session
+        # The statement of a round is kept prepared (not behind a transaction pooler): the
+        # same idle stores are asked in the same order round after round, and planning one
+        # subquery per store each time cost the server more than running them.
+        self.prepare = prepare
         self._rounds: dict[float, _Round] = {}
         self.rounds = 0  # statements sent (tests and diagnostics)
 
@@ -73,7 +77,10 @@ class IdleWatch:
         loop = asyncio.get_running_loop()
         while round_.waiting:
             await asyncio.sleep(next_tick(interval, loop.time()))
-            waiting = [entry for entry in round_.waiting.values() if not entry[1].done()]
+            waiting = sorted(
+                (entry for entry in round_.waiting.values() if not entry[1].done()),
+                key=lambda entry: entry[0].store.name,
+            )
             if not waiting:
                 continue
             found = await self._ask([store for store, _ in waiting])
@@ -86,7 +93,7 @@ class IdleWatch:
     async def _ask(self, stores: list[RelayStore]) -> list[bool]:
         try:
             async with self.session.connection("poll idle stores") as conn:
-                found = await holds_rows(conn, stores)
+                found = await holds_rows(conn, stores, prepare=self.prepare)
         except StoreError as exc:
             logger.debug("polling idle stores failed, each probes its share: %s", exc)
             return [True] * len(stores)

@@ -363,17 +363,20 @@ async def heartbeats(
 HOLDS_ROWS_PER_STATEMENT = 1_000
 
 
-async def holds_rows(conn: Connection, stores: Sequence[RelayStore]) -> list[bool]:
+async def holds_rows(
+    conn: Connection, stores: Sequence[RelayStore], *, prepare: bool = False
+) -> list[bool]:
     """Whether each of ``stores`` (of one database) holds a row in any lane, in one statement
-    per HOLDS_ROWS_PER_STATEMENT stores, one column each. StoreError naming the first."""
+    per HOLDS_ROWS_PER_STATEMENT stores, one column each. ``prepare``: keep the statement
+    prepared (a set of stores asked again and again, in one order, by the idle watch; not
+    behind a transaction pooler). StoreError naming the first."""
     found: list[bool] = []
     with translated(stores[0].store, f"ask {len(stores)} stores of its database for rows"):
         for start in range(0, len(stores), HOLDS_ROWS_PER_STATEMENT):
             part = stores[start : start + HOLDS_ROWS_PER_STATEMENT]
-            # Each column is a rendered named query (identifiers composed, no parameter); the
-            # set of stores varies from call to call, so it is not prepared.
+            # Each column is a rendered named query (identifiers composed, no parameter).
             statement = "SELECT " + ", ".join(store.queries["holds_rows"] for store in part)
-            cursor = await conn.execute(statement, prepare=False)
+            cursor = await conn.execute(statement, prepare=prepare)
             row = await cursor.fetchone()
             assert row is not None
             found.extend(bool(value) for value in row)
