@@ -32,6 +32,7 @@ from relayer.settings import StoreSettings
 from relayer.store import LaneHead
 from relayer.store.databases import Database
 from relayer.store.housekeeping import next_tick
+from relayer.store.notifier import HOT_HOLD, HOT_POLL
 
 logger = logging.getLogger(__name__)
 
@@ -81,15 +82,49 @@ class Wakeups:
         self._idle_polls = 0
         self._reliable_wakeups = store.notify == "in_transaction" and database.listener is not None
         self.polls = 0  # fallback polls so far (tests and diagnostics)
+        # notify = "after_commit": writers' processes stay quiet for WAKE_QUIET after notifying
+        # the store; each notification heard (and a new share) makes the store hot: its lanes
+        # are polled every HOT_POLL until HOT_HOLD after the last one (hot_poll).
+        self._heats = store.notify == "after_commit" and database.listener is not None
+        self._hot_until = 0.0
+        self._hot: asyncio.Future[None] | None = None
+        self.hot_polls = 0  # (tests and diagnostics)
 
     def lanes_changed(self, lanes: frozenset[int]) -> None:
         """The member's share changed: polls start short again, and windows opened by lanes
         outside it open nothing any more."""
         self._idle_polls = 0
         self.window.keep(lanes)
+        self._heat()  # writers may be quiet towards the store: the new share is polled hot
+
+    @property
+    def hot(self) -> bool:
+        """The store's lanes are polled every HOT_POLL now (see __init__)."""
+        return self._hot is not None and not self._hot.done()
+
+    def _heat(self) -> None:
+        """Poll the store's lanes every HOT_POLL for the next HOT_HOLD (see __init__)."""
+        if not self._heats:
+            return
+        loop = asyncio.get_running_loop()
+        self._hot_until = loop.time() + HOT_HOLD
+        if self._hot is None or self._hot.done():
+            self._hot = asyncio.ensure_future(self._hot_poll())
+
+    async def _hot_poll(self) -> None:
+        """While the store is hot: a probe every HOT_POLL (on its multiples, so that the
+        probes of the database's hot idle stores go together), of the lanes whose scan is not
+        waiting or running already."""
+        loop = asyncio.get_running_loop()
+        while loop.time() < self._hot_until:
+            await asyncio.sleep(next_tick(HOT_POLL, loop.time()))
+            if self.membership.lanes and not self.schedule.every_lane_queued():
+                self.hot_polls += 1
+                self.wake_all(fallback=True)
 
     def woken(self, payload: str) -> None:
         """A writer's NOTIFY: the payload is a lane to scan now, or empty for every lane."""
+        self._heat()
         try:
             lane = int(payload)
         except ValueError:
@@ -241,7 +276,11 @@ class Wakeups:
             await listener.unsubscribe(self.store)
 
     async def close(self) -> None:
-        """Stop the probe of a wake-up still running."""
+        """Stop the probe of a wake-up still running, and the hot polls."""
+        if self._hot is not None:
+            self._hot.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._hot
         if self._waking is not None:
             self._waking.cancel()
             with contextlib.suppress(asyncio.CancelledError):

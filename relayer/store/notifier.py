@@ -27,6 +27,15 @@ from relayer.store.outbox import NOTIFY_LANES_MAX
 WAKE_SETTINGS = {"synchronous_commit": "off"}
 
 
+# After notifying a store, a writer's process stays quiet for that store this long (seconds):
+# the workers, once woken, poll the store's lanes every HOT_POLL until HOT_HOLD has passed
+# since the last notification they heard, so they find the rows committed in the quiet time
+# too. At a steady rate a process then sends a store a few notifications a second, not one a
+# commit (each is a transaction of its own on the application's database).
+WAKE_QUIET = 0.25
+HOT_POLL = 0.005
+HOT_HOLD = 4 * WAKE_QUIET
+
 # A wake-up: a store's notification channel and one of its lanes, or EVERY_LANE.
 Wake = tuple[str, int]
 EVERY_LANE = -1

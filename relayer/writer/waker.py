@@ -38,7 +38,7 @@ from relayer.errors import RelayerError
 from relayer.observability.throttle import ThrottledLog, shape
 from relayer.settings import StoreSettings
 from relayer.store.caller import transaction_ended, transaction_ended_async
-from relayer.store.notifier import NotifyConnection, Wake
+from relayer.store.notifier import WAKE_QUIET, NotifyConnection, Wake
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ class Waker:
         self._watched_async: weakref.WeakKeyDictionary[Any, _AsyncWatch] = (
             weakref.WeakKeyDictionary()
         )
+        self._last_sent: dict[str, float] = {}  # channel -> when it was last notified
         self._flushed: list[threading.Event] = []  # flush() calls waiting for the next round
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -230,6 +231,9 @@ class Waker:
         return lanes, wait, flushed
 
     def _send(self, lanes: set[Wake]) -> None:
+        lanes = self._not_quiet(lanes)
+        if not lanes:
+            return
         try:
             self.notifier.notify(lanes)
         except RelayerError as exc:
@@ -243,6 +247,19 @@ class Waker:
                 extra={"action": "wake_failed", "store": self.store.name},
             )
         self.log.flush_due()
+
+    def _not_quiet(self, lanes: set[Wake]) -> set[Wake]:
+        """``lanes`` but those of the stores notified less than WAKE_QUIET ago (their workers
+        poll them every HOT_POLL meanwhile); the others are noted as notified now."""
+        now = time.monotonic()
+        last = self._last_sent
+        quiet = {
+            channel for channel, _ in lanes if now - last.get(channel, float("-inf")) < WAKE_QUIET
+        }
+        for channel, _ in lanes:
+            if channel not in quiet:
+                last[channel] = now
+        return {wake for wake in lanes if wake[0] not in quiet}
 
 
 class _AsyncWatch:

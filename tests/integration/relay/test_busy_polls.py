@@ -21,7 +21,10 @@ def idle(relay: StoreRelay) -> bool:
 
 
 async def test_a_poll_skips_its_probe_while_every_owned_lane_is_queued(pg_dsn: str) -> None:
-    store = make_store(pg_dsn, lanes=LANES, poll_interval="0.05s", notify=False)
+    # Polled by its own timer: with in_transaction wake-ups an idle store's poll is its own
+    # (in the other modes an idle store waits in its database's idle watch, which probes
+    # nothing while no lane holds a row).
+    store = make_store(pg_dsn, lanes=LANES, poll_interval="0.05s", notify="in_transaction")
     await apply_schema(store)
     worker = Worker(
         [store],
