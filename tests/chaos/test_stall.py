@@ -7,7 +7,8 @@ stops a worker within ``lease_duration / 2`` + 1 s, with exit status 0 and no un
 exception, leaving the unacknowledged rows to the next owner.
 
 ``make chaos`` runs the 45 s stalls of the issue (marker ``chaos``); ``make test`` runs
-shorter ones (several leases long and past ``retry_backoff_max``) and the SIGTERM scenario.
+shorter ones (several leases long and past ``retry_backoff_max``) and the SIGTERM scenario,
+on Kafka and RabbitMQ, and on NATS JetStream and Redis Streams too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.brokers import KafkaTarget, RabbitTarget
+from tests.chaos.brokers import KafkaTarget, NatsTarget, RabbitTarget, RedisTarget
 from tests.chaos.checker import RESULTS, Report
 from tests.chaos.harness import (
     Counted,
@@ -71,7 +72,10 @@ class StallReport:
         )
 
 
-def proxy_of(target: KafkaTarget | RabbitTarget) -> Proxy:
+Stalled = KafkaTarget | RabbitTarget | NatsTarget | RedisTarget
+
+
+def proxy_of(target: Stalled) -> Proxy:
     assert target.proxy is not None
     return target.proxy
 
@@ -103,7 +107,7 @@ def new_report(request: pytest.FixtureRequest, fault: str, target: Target) -> Re
 
 def stalled(
     request: pytest.FixtureRequest,
-    target: KafkaTarget | RabbitTarget,
+    target: Stalled,
     dsn: str,
     tmp_path: Path,
     loop: LoopThread,
@@ -147,7 +151,7 @@ def stalled(
 
 def sigterm_in_stall(
     request: pytest.FixtureRequest,
-    target: KafkaTarget | RabbitTarget,
+    target: Stalled,
     dsn: str,
     tmp_path: Path,
     loop: LoopThread,
@@ -297,3 +301,46 @@ def test_kafka_sigterm_in_stall(
     loop: LoopThread,
 ) -> None:
     sigterm_in_stall(request, kafka_default_close, pg_dsn, tmp_path, loop)
+
+
+# -- NATS JetStream and Redis Streams -------------------------------------------------------
+
+
+def test_nats_stall(
+    request: pytest.FixtureRequest,
+    nats_target: NatsTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    stalled(request, nats_target, pg_dsn, tmp_path, loop, SHORT_STALL)
+
+
+def test_redis_stall(
+    request: pytest.FixtureRequest,
+    redis_target: RedisTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    stalled(request, redis_target, pg_dsn, tmp_path, loop, SHORT_STALL)
+
+
+def test_nats_sigterm_in_stall(
+    request: pytest.FixtureRequest,
+    nats_target: NatsTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    sigterm_in_stall(request, nats_target, pg_dsn, tmp_path, loop)
+
+
+def test_redis_sigterm_in_stall(
+    request: pytest.FixtureRequest,
+    redis_target: RedisTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    sigterm_in_stall(request, redis_target, pg_dsn, tmp_path, loop)
