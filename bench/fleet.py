@@ -15,8 +15,9 @@ transport (so that the figures are the relay's, not a broker's). It prints:
 - the drain time, and how many rows a second that is;
 - the connections each worker held, at most and on average (its backends in pg_stat_activity,
   found by the worker's own socket ports), against the budget;
-- each store's share of the rows sent while every store still had a backlog, against its
-  weight's share (per weight class, and the worst store);
+- each store's share of the rows sent (what the Weighted dispatch apportions) and of lane
+  scans while every store still had a backlog, against its weight's share (per weight class,
+  how many stores are within 5%, and the worst store);
 - with ``--big-rows``: when the other stores were drained and how much of the big one was left;
 - the CPU of each worker and of its PostgreSQL backends while the stores sit idle, as a
   percentage of one core.
@@ -372,7 +373,8 @@ async def drain(
 
 def shares(fleet: Sequence[Tenant], run: Run) -> None:
     """Each store's share of service while every store had a backlog, against its weight's
-    share: of the dispatch layer's lane scans (what Weighted apportions), and of the rows."""
+    share: of the dispatch layer's lane scans, and of the rows (what Weighted apportions: a
+    lane scan costs the rows its store sent)."""
     rows = {t.schema: t.rows for t in fleet}
     first, window = run.samples[0] if run.samples else None, None
     for sample in run.samples:

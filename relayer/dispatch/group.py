@@ -46,7 +46,9 @@ from relayer.observability.throttle import ThrottledLog
 
 logger = logging.getLogger(__name__)
 
-Handler = Callable[[Job[KeyT]], Awaitable[None]]
+# A handler may return what its job cost (an int: rows sent, bytes...): Weighted then shares
+# cost among the queues, not jobs (Planner.settle). None: the job cost what it was charged.
+Handler = Callable[[Job[KeyT]], Awaitable[int | None]]
 _REFUSED = (GateState.PAUSED, GateState.UNAVAILABLE)
 
 
@@ -306,7 +308,8 @@ class WorkerGroup(Generic[KeyT]):
             cap = None if planner.exact_counts else free
             due = [source.due_count(now, cap) for source in self._sources]
             if any(due):
-                plan = planner.plan(free, due, overflow=self._cluster is not None)
+                overflow = self._cluster is not None
+                plan = planner.plan(free, due, overflow=overflow, running=self._running)
                 result = await self._ask_gate(ClaimRequest(self._queues, plan.order, free))
                 claimed = self._start(result, [min(count, free) for count in due])
                 gates = [gate.state for gate in result.gates]
@@ -370,11 +373,15 @@ class WorkerGroup(Generic[KeyT]):
         self._running[index] += 1
         self._served[index] += 1
         self._jobs_of[id(source)] = self._jobs_of.get(id(source), 0) + 1
-        self._spawn(self._execute(source, job, slot))
+        charged = self._planner.cost(index) if self._planner is not None else 1
+        self._spawn(self._execute(source, job, slot, charged))
 
-    async def _execute(self, source: JobSource[KeyT], job: Job[KeyT], slot: Slot) -> None:
+    async def _execute(
+        self, source: JobSource[KeyT], job: Job[KeyT], slot: Slot, charged: int
+    ) -> None:
+        cost: int | None = None
         try:
-            await self._handler(job)
+            cost = await self._handler(job)
         except Exception:
             logger.exception(
                 "dispatch: group %r: the handler failed for job %r of queue %r",
@@ -387,6 +394,8 @@ class WorkerGroup(Generic[KeyT]):
             index = self._index.get(id(source))  # None: the queue left the group meanwhile
             if index is not None:
                 self._running[index] -= 1
+                if isinstance(cost, int) and self._planner is not None:
+                    self._planner.settle(index, cost, charged)
             left = self._jobs_of[id(source)] - 1
             if left:
                 self._jobs_of[id(source)] = left

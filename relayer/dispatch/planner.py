@@ -114,38 +114,70 @@ class Order(Sequence[int]):
         return f"Order({tuple(self)!r})"
 
 
+# A queue whose jobs are all running banks at most this many times what an idle one may: enough
+# to be served at once when its work is due again, bounded when its keys cannot carry its share.
+BUSY_CAPS = 2
+
+
 def swrr_step(
     credits: list[int],
     weights: Sequence[int],
     eligible: Sequence[bool],
     total: int,
     winner: int | None = None,
+    *,
+    costs: Sequence[int] | None = None,
+    busy: Sequence[bool] | None = None,
 ) -> int:
     """One smooth weighted round-robin step over ``credits`` (mutated); returns the winner.
 
     ``winner`` forces the queue that serves (used when charging what was actually issued).
+    ``costs``: what a job of each queue is expected to cost (default 1 each): the step is as
+    long as the winner's cost, every credit grows by weight x cost and the winner pays the
+    eligible weights x cost; the winner is the highest credit after one unit of growth, so
+    with every cost 1 this is plain smooth weighted round-robin. ``busy``: queues without due
+    work whose jobs are running; they grow and pay in like the eligible ones (their work is
+    in flight, they are not idle), up to BUSY_CAPS times the idle cap, but cannot win.
     """
     paid = 0
     best = -1
     for index, weight in enumerate(weights):
         if eligible[index]:
-            credit = credits[index] + weight
-            credits[index] = credit
             paid += weight
-            if best < 0 or credit > credits[best]:
+            if best < 0 or credits[index] + weight > credits[best] + weights[best]:
                 best = index
-        else:
-            # An idle queue banks at most T, so it cannot come back with an unbounded burst.
-            credits[index] = min(total, credits[index] + weight)
+        elif busy is not None and busy[index]:
+            paid += weight
     chosen = best if winner is None else winner
-    credits[chosen] -= paid
+    cost = 1 if costs is None else costs[chosen]
+    # An idle queue banks at most T (in units of the costliest job), so it cannot come back
+    # with an unbounded burst.
+    cap = total * (1 if costs is None else max(costs))
+    for index, weight in enumerate(weights):
+        if eligible[index]:
+            credits[index] += weight * cost
+        elif busy is not None and busy[index]:
+            credits[index] = min(BUSY_CAPS * cap, credits[index] + weight * cost)
+        else:
+            credits[index] = min(cap, credits[index] + weight * cost)
+    credits[chosen] -= paid * cost
     return chosen
 
 
 class Planner:
     """The planning state of one worker group: Weighted credits or the RoundRobin cursor."""
 
-    __slots__ = ("_credits", "_cursor", "_policy", "_rank_order", "_total", "_weights")
+    __slots__ = (
+        "_active",
+        "_busy",
+        "_costs",
+        "_credits",
+        "_cursor",
+        "_policy",
+        "_rank_order",
+        "_total",
+        "_weights",
+    )
 
     def __init__(self, policy: Policy) -> None:
         self._policy = policy
@@ -155,6 +187,11 @@ class Planner:
             self._weights = tuple(weight for _, weight in policy.weights)
             self._total = sum(self._weights)
         self._credits = [0] * len(policy.queues)
+        # Weighted: what the next claim of each queue is charged (its last job's cost, 1
+        # until one is settled), and which queues had due work in the last plan.
+        self._costs = [1] * len(policy.queues)
+        self._active = [False] * len(policy.queues)
+        self._busy = [False] * len(policy.queues)  # running jobs, no due work (last plan)
         self._cursor = 0
         self._rank_order = policy.order() if isinstance(policy, Priority) else ()
 
@@ -173,9 +210,10 @@ class Planner:
         if isinstance(policy, Weighted) and isinstance(self._policy, Weighted):
             credit = dict(zip(queues, self._credits, strict=True))
             total = planner._total
-            planner._credits = [
-                max(-total, min(total, credit.get(name, 0))) for name in policy.queues
-            ]
+            top = total * max(self._costs, default=1)
+            planner._credits = [max(-top, min(top, credit.get(name, 0))) for name in policy.queues]
+            cost = dict(zip(queues, self._costs, strict=True))
+            planner._costs = [cost.get(name, 1) for name in policy.queues]
         elif isinstance(policy, RoundRobin) and queues and policy.queues:
             following = queues[self._cursor % len(queues)]
             if following in policy.queues:
@@ -186,13 +224,45 @@ class Planner:
     def credits(self) -> tuple[int, ...]:
         return tuple(self._credits)
 
+    def cost(self, index: int) -> int:
+        """What a claim of queue ``index`` is charged now (Weighted; 1 for other policies)."""
+        return self._costs[index]
+
+    def settle(self, index: int, cost: int, charged: int) -> None:
+        """A job of queue ``index``, charged ``charged`` when it was claimed, cost ``cost``
+        (counted as at least 1): the difference is charged now, as a step of that length (negative
+        refunds) over the queues that had due work in the last plan, and the queue's next
+        claims are charged ``cost``. So the queues' shares of cost follow their weights while
+        they have work, whatever a job costs."""
+        if not isinstance(self._policy, Weighted):
+            return
+        if cost > 0:  # an empty job (a scan that found nothing) says nothing of the next
+            self._costs[index] = cost
+        delta = max(cost, 1) - charged
+        if not delta:
+            return
+        weights, credits = self._weights, self._credits
+        growing = [q for q, active in enumerate(self._active) if active or q == index]
+        for q in growing:
+            credits[q] += weights[q] * delta
+        credits[index] -= sum(weights[q] for q in growing) * delta
+
     @property
     def exact_counts(self) -> bool:
         """True when the policy compares backlog lengths, so due counts must not be capped."""
         return isinstance(self._policy, MaxLen | MinLen)
 
-    def plan(self, free: int, due: Sequence[int], *, overflow: bool = False) -> Plan:
-        """Order the due work of one pass into ``free`` slots (and beyond, with overflow)."""
+    def plan(
+        self,
+        free: int,
+        due: Sequence[int],
+        *,
+        overflow: bool = False,
+        running: Sequence[int] | None = None,
+    ) -> Plan:
+        """Order the due work of one pass into ``free`` slots (and beyond, with overflow).
+        ``running``: each queue's jobs running now (Weighted: a queue whose work is in flight
+        is not idle; see swrr_step's ``busy``)."""
         caps = [max(0, min(count, free)) for count in due]
         wanted = sum(caps)
         length = wanted if overflow else min(free, wanted)
@@ -202,6 +272,9 @@ class Planner:
         order: Iterable[int]
         match policy:
             case Weighted():
+                busy = [False] * len(caps) if running is None else [n > 0 for n in running]
+                self._busy = [b and not cap for b, cap in zip(busy, caps, strict=True)]
+                self._active = [cap > 0 or b for cap, b in zip(caps, busy, strict=True)]
                 order = self._weighted(caps, length)
             case Strict():
                 order = _in_order(range(len(caps)), caps, length)
@@ -239,22 +312,34 @@ class Planner:
         for index in issued:
             totals[index] += 1
         limits = [max(demand[q], totals[q]) for q in range(count)]
+        costs, busy = self._costs, self._busy
         if all(totals[q] < limits[q] or limits[q] == 0 for q in range(count)):
             # No queue runs out of work during the pass, so every step sees the same eligible
             # set and the steps add up in closed form (an idle queue's cap is monotonic too).
-            paid = sum(self._weights[q] for q in range(count) if limits[q] > 0)
-            steps = len(issued)
+            paid = sum(self._weights[q] for q in range(count) if limits[q] > 0 or busy[q])
+            length = sum(totals[q] * costs[q] for q in range(count))
+            cap = self._total * max(costs)
             for q in range(count):
-                grown = self._credits[q] + steps * self._weights[q]
+                grown = self._credits[q] + length * self._weights[q]
                 if limits[q] > 0:
-                    self._credits[q] = grown - paid * totals[q]
+                    self._credits[q] = grown - paid * totals[q] * costs[q]
                 else:
-                    self._credits[q] = min(self._total, grown)
+                    self._credits[q] = min(BUSY_CAPS * cap if busy[q] else cap, grown)
             return
         served = [0] * count
         for index in issued:
             eligible = [served[q] < limits[q] for q in range(len(limits))]
-            swrr_step(self._credits, self._weights, eligible, self._total, index)
+            # A queue served all it had in this pass has a job running now: busy, not idle.
+            running = [busy[q] or served[q] > 0 for q in range(count)]
+            swrr_step(
+                self._credits,
+                self._weights,
+                eligible,
+                self._total,
+                index,
+                costs=costs,
+                busy=running,
+            )
             served[index] += 1
 
     def _weighted(self, caps: list[int], length: int) -> Iterator[int]:
@@ -262,7 +347,14 @@ class Planner:
         credits = list(self._credits)
         eligible = [cap > 0 for cap in caps]
         return _weighted_steps(
-            credits, self._weights, self._total, caps=caps, eligible=eligible, length=length
+            credits,
+            self._weights,
+            self._total,
+            caps=caps,
+            eligible=eligible,
+            length=length,
+            costs=list(self._costs),
+            busy=list(self._busy),
         )
 
     def _round_robin(self, caps: list[int], length: int) -> list[int]:
@@ -288,9 +380,11 @@ def _weighted_steps(
     caps: list[int],
     eligible: list[bool],
     length: int,
+    costs: list[int],
+    busy: list[bool],
 ) -> Iterator[int]:
     for _ in range(length):
-        winner = swrr_step(credits, weights, eligible, total)
+        winner = swrr_step(credits, weights, eligible, total, costs=costs, busy=busy)
         yield winner
         caps[winner] -= 1
         if caps[winner] == 0:

@@ -64,15 +64,19 @@ class StoreQueues:
             self.routes.unroute((name, maintenance_queue(name)))
         self._weights.pop(name, None)
 
-    async def run(self, job: Job[int]) -> None:
-        """Run one job: a lane scan, or a maintenance task."""
+    async def run(self, job: Job[int]) -> int | None:
+        """Run one job: a lane scan, or a maintenance task. A lane scan returns its cost for
+        the Weighted policy: the rows its store sent since the last of its scans ended (a
+        batch may carry lanes whose scans never ran as jobs), so that stores share rows, not
+        scans, by weight; maintenance costs what it was charged."""
         served = self._jobs.get(job.queue)
         if served is None:  # a job of a store that has left
-            return
+            return None
         if job.queue == served.store.name:
             await served.relay.scan(job.key)
-        else:
-            await served.maintenance.run(job.key)
+            return served.rows_unsettled()
+        await served.maintenance.run(job.key)
+        return None
 
     def policy(self, names: Sequence[str]) -> Strict | Weighted | None:
         """The group's policy over the stores ``names`` and their maintenance queues (None

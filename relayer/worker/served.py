@@ -56,6 +56,7 @@ class ServedStore:
         self._gate_open = False
         self._transports_held = False
         self._closing: asyncio.Future[None] | None = None
+        self._settled = 0  # rows sent counted in scans' costs so far (rows_unsettled)
         self.routing = Routing(store, self.transports)
         self.relay = StoreRelay(
             store, self.routing, member, database, now, tracer=tracer, lanes_changed=self._moved
@@ -70,6 +71,13 @@ class ServedStore:
             leader=lambda: leading in self.relay.membership.lanes,
             session=self.relay.housekeeping,
         )
+
+    def rows_unsettled(self) -> int:
+        """Rows the store sent since the last call (the cost of a lane scan that just ended,
+        for the worker's Weighted group)."""
+        sent = self.relay.stats.sent
+        rows, self._settled = sent - self._settled, sent
+        return rows
 
     def _moved(self, lanes: frozenset[int]) -> None:
         self.maintenance.lanes_changed()  # the cleanup runs where its lane is

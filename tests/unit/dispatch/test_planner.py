@@ -242,14 +242,17 @@ def test_every_free_slot_goes_to_due_work(
 def replay(
     credits: list[int], weights: list[int], issued: list[int], demand: list[int]
 ) -> list[int]:
-    """The reference charge: one SWRR step per issued claim, won by the queue that served."""
+    """The reference charge: one SWRR step per issued claim, won by the queue that served; a
+    queue served all it could take in the pass has a job running: busy (it grows and pays in
+    like a queue with work, up to its cap), not idle."""
     credits = list(credits)
     totals = [issued.count(q) for q in range(len(weights))]
     limits = [max(demand[q], totals[q]) for q in range(len(weights))]
     served = [0] * len(weights)
     for index in issued:
         eligible = [served[q] < limits[q] for q in range(len(weights))]
-        swrr_step(credits, weights, eligible, sum(weights), index)
+        running = [served[q] > 0 for q in range(len(weights))]
+        swrr_step(credits, weights, eligible, sum(weights), index, busy=running)
         served[index] += 1
     return credits
 
