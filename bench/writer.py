@@ -1,11 +1,15 @@
 """Writer benchmark: the cost of one outbox row in a business transaction, and COPY throughput.
 
     python bench/writer.py [--dsn DSN] [--transactions 3000] [--batches 100]
+    python bench/writer.py --cpu [--rows 5000] [--paths psycopg,async,sqlalchemy,django]
+        [--notify after_commit|in_transaction|off]
 
 Prints (1) a one-row business transaction alone, with an extra ``SELECT 1`` (the floor of any
 extra statement in the transaction) and with one outbox row, interleaved in rounds so all see
 the same machine state, and the overheads in percent; (2) write_many
-rows/s in 1,000-row batches (one transaction per batch).
+rows/s in 1,000-row batches (one transaction per batch). With ``--cpu``: the client CPU a row
+of ``Outbox.write`` on each path against a bare psycopg execute of the same row
+(bench/writer_cpu.py).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `relayer` imp
 import psycopg
 from psycopg import sql
 
+from bench import writer_cpu
 from bench.common import machine, postgres, scratch_schema, server_version
 from relayer import Outbox, OutboxMessage
 from relayer.operations import schema
@@ -31,8 +36,10 @@ from relayer.settings import StoreSettings, store_settings
 BODY = b"x" * 200
 
 
-def setup(dsn: str, schema_name: str) -> StoreSettings:
-    store = store_settings(name="bench", dsn=dsn, schema=schema_name, table_prefix="w_", lanes=64)
+def setup(dsn: str, schema_name: str, notify: str = "after_commit") -> StoreSettings:
+    store = store_settings(
+        name="bench", dsn=dsn, schema=schema_name, table_prefix="w_", lanes=64, notify=notify
+    )
 
     async def apply() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -106,10 +113,18 @@ def main() -> None:
     parser.add_argument("--dsn")
     parser.add_argument("--transactions", type=int, default=3000)
     parser.add_argument("--batches", type=int, default=100)
+    parser.add_argument("--cpu", action="store_true", help="client CPU a row, per path")
+    parser.add_argument("--rows", type=int, default=5000, help="--cpu: rows a side and path")
+    parser.add_argument("--paths", default=",".join(writer_cpu.PATHS), help="--cpu: which")
+    parser.add_argument("--notify", default="after_commit", help="--cpu: the store's notify")
     arguments = parser.parse_args()
     with postgres(arguments.dsn) as dsn, scratch_schema(dsn) as schema_name:
-        store = setup(dsn, schema_name)
+        store = setup(dsn, schema_name, arguments.notify)
         print(f"machine: {machine()}; {server_version(dsn)}")
+        if arguments.cpu:
+            paths = arguments.paths.split(",")
+            print("\n".join(writer_cpu.report(store, arguments.rows, paths)))
+            return
         rounds = 20
         per_round = max(1, arguments.transactions // rounds)
         median = business_transactions(dsn, store, rounds, per_round)

@@ -26,7 +26,9 @@ def fnv1a_32(data: bytes) -> int:
 
 
 @lru_cache(maxsize=65_536)
-def _key_hash(key: str) -> int:
+def key_hash(key: str) -> int:
+    """``fnv1a_32`` of ``key``'s UTF-8 form, remembered for the last 65,536 keys (``lane_for``
+    without its argument checks, for a caller that has checked them: the writer)."""
     return fnv1a_32(key.encode("utf-8"))
 
 
@@ -36,4 +38,4 @@ def lane_for(key: str, lanes: int) -> int:
         raise TypeError(f"ordering key must be str, got {type(key).__name__}")
     if isinstance(lanes, bool) or not isinstance(lanes, int) or not 1 <= lanes <= MAX_LANES:
         raise ValueError(f"lanes: {lanes!r} is invalid: must be an integer from 1 to {MAX_LANES}")
-    return _key_hash(key) % lanes
+    return key_hash(key) % lanes

@@ -142,7 +142,8 @@ def transaction_ended(conn: psycopg.Connection[Any] | None) -> bool | None:
     if not conn.lock.acquire(blocking=False):
         return None
     try:
-        return conn.info.transaction_status not in _OPEN
+        # The status from libpq directly (conn.info builds an object and an enum each time).
+        return conn.pgconn.transaction_status not in _OPEN
     finally:
         conn.lock.release()
 
@@ -152,7 +153,7 @@ def transaction_ended_async(conn: psycopg.AsyncConnection[Any] | None) -> bool:
     statement in flight counts as an open transaction."""
     if conn is None or conn.closed:
         return True
-    return not conn.lock.locked() and conn.info.transaction_status not in _OPEN
+    return not conn.lock.locked() and conn.pgconn.transaction_status not in _OPEN
 
 
 def connection_of(wrapper: Any) -> psycopg.Connection[Any]:

@@ -111,6 +111,14 @@ class OutboxStatements:
         self._meta_table = f'"{store.db_schema}"."{store.names.table("meta")}"'
         self._meta: StoreMeta | None = None
         self._meta_lock = threading.Lock()
+        self._taught: AdaptersMap | None = None  # the adapters of the last connection written on
+
+    def _teach(self, adapters: AdaptersMap) -> None:
+        """ensure_json_dumpers, skipped for the adapters it was last done for (an application
+        usually writes through the same connection again and again)."""
+        if adapters is not self._taught:
+            ensure_json_dumpers(adapters)
+            self._taught = adapters
 
     # -- sync ------------------------------------------------------------------------------
 
@@ -146,7 +154,7 @@ class OutboxStatements:
         """Refuse a connection outside a transaction, teach it EncodedJson, and check the
         store's recorded lane count once per store."""
         require_transaction(connection, "outbox row")
-        ensure_json_dumpers(connection.adapters)
+        self._teach(connection.adapters)
         if self._meta is not None:
             return
         with self._meta_lock:
@@ -201,7 +209,7 @@ class OutboxStatements:
 
     async def _ready_async(self, connection: psycopg.AsyncConnection[Any]) -> None:
         require_transaction(connection, "outbox row")
-        ensure_json_dumpers(connection.adapters)
+        self._teach(connection.adapters)
         if self._meta is not None:
             return
         exists = await connection.execute(

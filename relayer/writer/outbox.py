@@ -23,8 +23,8 @@ from relayer.store.outbox import OutboxStatements, Row
 from relayer.writer.messages import (
     OutboxMessage,
     stamp_sequence_numbers,
-    validate,
     validate_all,
+    validate_fields,
 )
 from relayer.writer.waker import Waker, waker_for
 
@@ -95,8 +95,14 @@ class Outbox:
         deliver_at: datetime | None = None,
     ) -> UUID:
         """Insert one message in ``conn``'s current transaction and return its id."""
-        fields = validate(
-            self.store, OutboxMessage(destination, body, key, headers, transport, deliver_at)
+        fields = validate_fields(
+            self.store,
+            destination=destination,
+            body=body,
+            key=key,
+            headers=headers,
+            transport=transport,
+            deliver_at=deliver_at,
         )
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         row = self._statements.insert(connection, fields)
@@ -133,8 +139,14 @@ class Outbox:
         deliver_at: datetime | None = None,
     ) -> UUID:
         """Insert one message in ``conn``'s current transaction and return its id."""
-        fields = validate(
-            self.store, OutboxMessage(destination, body, key, headers, transport, deliver_at)
+        fields = validate_fields(
+            self.store,
+            destination=destination,
+            body=body,
+            key=key,
+            headers=headers,
+            transport=transport,
+            deliver_at=deliver_at,
         )
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         row = await self._statements.insert_async(connection, fields)

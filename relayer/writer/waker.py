@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -113,7 +114,10 @@ class Waker:
         self.notifier = notifier or NotifyConnection(store)
         self.log = ThrottledLog(logger)
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = _Signal()
+        # Whether the thread waits longer than WATCH_INTERVAL (for a write, or HOLD): only
+        # then does a write wake it; otherwise it looks at the connection soon anyway.
+        self._idle = True
         self._ready: set[Wake] = set()
         # Synchronous connections, by id, with the waiting lanes written through each.
         self._watched: dict[int, tuple[weakref.ref[Any], _Waiting]] = {}
@@ -133,12 +137,15 @@ class Waker:
         transaction (a synchronous psycopg connection): wake their workers once it has
         ended."""
         with self._lock:
-            self._start()
+            if self._thread is None:  # the first write (after a fork too: see forked)
+                self._start()
             watched = self._watched.get(id(conn))
             if watched is None or watched[0]() is not conn:
                 watched = self._watched[id(conn)] = (weakref.ref(conn), _Waiting())
             watched[1].add(lanes)
-        self._wake.set()
+            idle, self._idle = self._idle, False
+        if idle:
+            self._wake.set()
 
     def written_async(self, conn: Any, lanes: set[Wake]) -> None:
         """``written`` for an asynchronous psycopg connection: it is looked at on the running
@@ -178,6 +185,7 @@ class Waker:
         """In a forked child (see _forked): no thread, the parent's connection forgotten."""
         self._thread = None
         self._watched, self._ready, self._flushed = {}, set(), []
+        self._wake, self._idle = _Signal(), True
         self.notifier.forget()
 
     # -- the thread ----------------------------------------------------------------------
@@ -206,7 +214,6 @@ class Waker:
         wait: float | None = None
         while not self._closed or self._ready:
             self._wake.wait(wait)
-            self._wake.clear()
             lanes, wait, flushed = self._take()
             if lanes:
                 self._send(lanes)
@@ -228,6 +235,7 @@ class Waker:
                     wait = min(wait or HOLD, soon)
             lanes, self._ready = self._ready, set()
             flushed, self._flushed = self._flushed, []
+            self._idle = wait is None or wait > WATCH_INTERVAL
         return lanes, wait, flushed
 
     def _send(self, lanes: set[Wake]) -> None:
@@ -260,6 +268,26 @@ class Waker:
             if channel not in quiet:
                 last[channel] = now
         return {wake for wake in lanes if wake[0] not in quiet}
+
+
+class _Signal:
+    """The thread's wake-up: threading.Event's use here (set, then wait and clear) at a
+    fraction of its cost, which the thread pays at every look. A lock held while no wake-up
+    is pending: ``set`` releases it, ``wait`` takes it back."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        with contextlib.suppress(RuntimeError):  # set already
+            self._lock.release()
+
+    def wait(self, timeout: float | None) -> None:
+        """Until set (the wake-up is taken) or ``timeout`` seconds (None: no limit)."""
+        self._lock.acquire(timeout=-1 if timeout is None else timeout)
 
 
 class _AsyncWatch:

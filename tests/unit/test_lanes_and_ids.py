@@ -101,3 +101,17 @@ def test_lane_bits_number_bits_as_postgres_get_bit_does() -> None:
     assert lane_bits({7, 8}) == b"\x80\x01"
     every = lane_bits(range(65_536))
     assert len(every) == 8192 and set(every) == {0xFF}
+
+
+def test_uuid7_is_an_ordinary_uuid() -> None:
+    """uuid7 sets UUID's attributes itself (UUID.__init__'s checks cost more than the rest of
+    an id): the result is indistinguishable from UUID(int=...)."""
+    import pickle
+    from uuid import UUID, SafeUUID
+
+    value = uuid7()
+    same = UUID(int=value.int)
+    assert value == same and hash(value) == hash(same) and str(value) == str(same)
+    assert value.is_safe is SafeUUID.unknown and value.bytes == same.bytes
+    assert pickle.loads(pickle.dumps(value)) == value
+    assert UUID(str(value)) == value

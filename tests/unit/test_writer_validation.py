@@ -119,3 +119,73 @@ def test_a_message_naming_no_transport_needs_a_default() -> None:
     # A writer configured without transports cannot know them: the worker's default applies.
     bare = store_settings(name="orders", lanes=8)
     assert validate(bare, OutboxMessage("d", b"x", key="k"))[2] is None
+
+
+NO_DEFAULT = store_settings(
+    name="orders", lanes=8, transports={"kafka": {"type": "kafka"}, "rabbit": {"type": "rabbitmq"}}
+)
+PLAIN = store_settings(name="orders", lanes=8, max_body_bytes=1024)
+
+
+@pytest.mark.parametrize(
+    "store", [STORE, NO_DEFAULT, PLAIN], ids=["default", "no-default", "plain"]
+)
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {},
+        {"key": None},
+        {"key": "customer-1"},
+        {"key": "kündin"},
+        {"key": ""},
+        {"key": "a\x00b"},
+        {"key": "k" * 1024},
+        {"key": "k" * 1025},
+        {"key": 5},
+        {"destination": ""},
+        {"destination": "d\x00"},
+        {"destination": "d" * 1025},
+        {"destination": "zürich"},
+        {"destination": b"d"},
+        {"body": bytearray(b"x")},
+        {"body": b"x" * 1024},
+        {"body": b"x" * 1025},
+        {"body": "text"},
+        {"headers": {}},
+        {"headers": {"a": "b"}},
+        {"transport": "rabbit"},
+        {"transport": "nope"},
+        {"deliver_at": datetime(2030, 1, 1)},
+    ],
+    ids=lambda arguments: repr(arguments)[:40],
+)
+def test_write_arguments_are_checked_as_a_message_is(
+    store: object, arguments: dict[str, object]
+) -> None:
+    """write() checks its arguments without building an OutboxMessage (a shortcut for the
+    usual message): the same row, or the same error, as validate() gives the message."""
+    from relayer.writer.messages import validate_fields
+
+    values: dict[str, object] = {
+        "destination": "d",
+        "body": b"x",
+        "key": "k",
+        "headers": None,
+        "transport": None,
+        "deliver_at": None,
+    }
+    values.update(arguments)
+    try:
+        expected = comparable(validate(store, OutboxMessage(**values)))  # type: ignore[arg-type]
+    except InvalidMessageError as exc:
+        expected = (exc.field, str(exc.value), exc.rule)
+    try:
+        got = comparable(validate_fields(store, **values))  # type: ignore[arg-type]
+    except InvalidMessageError as exc:
+        got = (exc.field, str(exc.value), exc.rule)
+    assert got == expected
+
+
+def comparable(fields: tuple[object, ...]) -> tuple[object, ...]:
+    """A row's fields with the headers' JSON as bytes (EncodedJson compares by identity)."""
+    return tuple(getattr(value, "data", value) for value in fields)

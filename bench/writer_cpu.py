@@ -1,0 +1,250 @@
+"""bench/writer.py --cpu: the writer's own client CPU, per path, against a bare execute.
+
+One process commits ``--rows`` rows (one a transaction) through ``Outbox.write`` on each path
+(a psycopg connection, an async one, an SQLAlchemy Session, Django's connection in
+``transaction.atomic()``), and as many through a bare psycopg ``execute`` of the same row (the
+same statement and values, ids made before the clock starts) on the same connection, in blocks
+that alternate. The process's CPU (every thread: the waker's counts) is read around each block
+with ``time.process_time``; a path's cost a row is the median of its blocks. The difference is
+what ``Outbox.write`` adds to the application's process for one row: validation, the lane, the
+id, the statement, the hand-off to the waker and the waker's own work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from relayer import Outbox
+from relayer.ids import uuid7
+from relayer.lanes import lane_for
+from relayer.settings import StoreSettings
+from relayer.sql import queries_for
+from relayer.store.outbox import EncodedJson
+
+BODY = b"x" * 200
+KEYS = 1_000
+BLOCK = 500  # rows a block; the paths' blocks alternate
+NO_HEADERS = EncodedJson(b"{}")
+
+
+def keys(count: int, start: int) -> list[str]:
+    return [f"customer-{(start + index) % KEYS}" for index in range(count)]
+
+
+def bare_rows(store: StoreSettings, count: int, start: int) -> list[tuple[Any, ...]]:
+    """The rows Outbox.write would insert, made before the clock starts."""
+    return [
+        (uuid7(), lane_for(key, store.lanes), key, None, "orders", BODY, NO_HEADERS, None)
+        for key in keys(count, start)
+    ]
+
+
+class Path:
+    """One way an application writes: a block of relayer writes and a block of bare executes,
+    one row a transaction, each committed."""
+
+    name = ""
+
+    def __init__(self, outbox: Outbox, insert: str) -> None:
+        self.outbox = outbox
+        self.insert = insert
+
+    def relayer(self, keys: list[str]) -> None:
+        raise NotImplementedError
+
+    def bare(self, rows: list[tuple[Any, ...]]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class PsycopgPath(Path):
+    name = "psycopg"
+
+    def __init__(self, outbox: Outbox, insert: str) -> None:
+        super().__init__(outbox, insert)
+        self.conn = psycopg.connect(outbox.store.require_dsn())
+
+    def relayer(self, keys: list[str]) -> None:
+        conn, write = self.conn, self.outbox.write
+        for key in keys:
+            write(conn, destination="orders", body=BODY, key=key)
+            conn.commit()
+
+    def bare(self, rows: list[tuple[Any, ...]]) -> None:
+        conn, insert = self.conn, self.insert
+        for row in rows:
+            conn.execute(insert, row)
+            conn.commit()
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class AsyncPath(Path):
+    name = "psycopg async"
+
+    def __init__(self, outbox: Outbox, insert: str) -> None:
+        super().__init__(outbox, insert)
+        self.loop = asyncio.new_event_loop()
+        dsn = outbox.store.require_dsn()
+        self.conn = self.loop.run_until_complete(psycopg.AsyncConnection.connect(dsn))
+
+    def relayer(self, keys: list[str]) -> None:
+        async def run() -> None:
+            conn, write = self.conn, self.outbox.write_async
+            for key in keys:
+                await write(conn, destination="orders", body=BODY, key=key)
+                await conn.commit()
+
+        self.loop.run_until_complete(run())
+
+    def bare(self, rows: list[tuple[Any, ...]]) -> None:
+        async def run() -> None:
+            conn, insert = self.conn, self.insert
+            for row in rows:
+                await conn.execute(insert, row)
+                await conn.commit()
+
+        self.loop.run_until_complete(run())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.conn.close())
+        self.loop.close()
+
+
+class SQLAlchemyPath(Path):
+    """A Session on the psycopg driver; the bare execute runs on the session's own driver
+    connection (``session.connection()`` begins the session's transaction, as a write does)."""
+
+    name = "SQLAlchemy Session"
+
+    def __init__(self, outbox: Outbox, insert: str) -> None:
+        from sqlalchemy import create_engine
+        from sqlalchemy.orm import Session
+
+        super().__init__(outbox, insert)
+        url = outbox.store.require_dsn().replace("postgresql://", "postgresql+psycopg://", 1)
+        self.engine = create_engine(url)
+        self.session = Session(self.engine)
+
+    def relayer(self, keys: list[str]) -> None:
+        session, write = self.session, self.outbox.write
+        for key in keys:
+            write(session, destination="orders", body=BODY, key=key)
+            session.commit()
+
+    def bare(self, rows: list[tuple[Any, ...]]) -> None:
+        session, insert = self.session, self.insert
+        for row in rows:
+            session.connection().connection.driver_connection.execute(insert, row)
+            session.commit()
+
+    def close(self) -> None:
+        self.session.close()
+        self.engine.dispose()
+
+
+class DjangoPath(Path):
+    """Django's connection in ``transaction.atomic()``; the bare execute runs on the psycopg
+    connection under it."""
+
+    name = "Django atomic"
+
+    def __init__(self, outbox: Outbox, insert: str) -> None:
+        import django
+        from django.conf import settings
+
+        super().__init__(outbox, insert)
+        info = conninfo_to_dict(outbox.store.require_dsn())
+        database = {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": info.get("dbname", ""),
+            "USER": info.get("user", ""),
+            "PASSWORD": info.get("password", ""),
+            "HOST": info.get("host", ""),
+            "PORT": info.get("port", ""),
+        }
+        settings.configure(DATABASES={"default": database}, USE_TZ=True)
+        django.setup()
+
+    def relayer(self, keys: list[str]) -> None:
+        from django.db import connection, transaction
+
+        write = self.outbox.write
+        for key in keys:
+            with transaction.atomic():
+                write(connection, destination="orders", body=BODY, key=key)
+
+    def bare(self, rows: list[tuple[Any, ...]]) -> None:
+        from django.db import connection, transaction
+
+        insert = self.insert
+        for row in rows:
+            with transaction.atomic():
+                connection.connection.execute(insert, row)
+
+    def close(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+
+
+PATHS: dict[str, type[Path]] = {
+    "psycopg": PsycopgPath,
+    "async": AsyncPath,
+    "sqlalchemy": SQLAlchemyPath,
+    "django": DjangoPath,
+}
+
+
+def cpu_seconds(run: Callable[[], None]) -> float:
+    started = time.process_time()
+    run()
+    return time.process_time() - started
+
+
+def measure(path: Path, store: StoreSettings, rows: int) -> tuple[float, float]:
+    """Median CPU seconds a row of the relayer blocks and of the bare blocks, alternating."""
+    path.relayer(keys(BLOCK, 0))  # warm: connection, lane-count check, the waker's thread
+    path.bare(bare_rows(store, BLOCK, 0))
+    costs: dict[str, list[float]] = {"relayer": [], "bare": []}
+    for number in range(max(1, rows // BLOCK)):
+        written = keys(BLOCK, number * BLOCK)
+        ready = bare_rows(store, BLOCK, number * BLOCK)
+        runs = {"relayer": partial(path.relayer, written), "bare": partial(path.bare, ready)}
+        for kind in sorted(runs, reverse=number % 2 == 1):
+            costs[kind].append(cpu_seconds(runs[kind]) / BLOCK)
+        path.outbox.flush()
+    return statistics.median(costs["relayer"]), statistics.median(costs["bare"])
+
+
+def report(store: StoreSettings, rows: int, names: list[str]) -> list[str]:
+    """The table: client CPU a row of each path, relayer against bare, and the difference."""
+    insert = queries_for(store.names)["insert_message"]
+    lines = [
+        f"client CPU a row (one row a transaction, committed; notify = {store.notify}; "
+        f"{rows:,} rows a side in blocks of {BLOCK}, alternating; medians of the blocks):",
+        "| path | Outbox.write µs | bare execute µs | difference µs |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        path = PATHS[name](Outbox(store), insert)
+        try:
+            relayer, bare = measure(path, store, rows)
+        finally:
+            path.close()
+        lines.append(
+            f"| {path.name} | {relayer * 1e6:.1f} | {bare * 1e6:.1f} "
+            f"| {(relayer - bare) * 1e6:+.1f} |"
+        )
+    return lines
