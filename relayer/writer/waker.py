@@ -115,9 +115,9 @@ class Waker:
         self.log = ThrottledLog(logger)
         self._lock = threading.Lock()
         self._wake = _Signal()
-        # Whether the thread waits longer than WATCH_INTERVAL (for a write, or HOLD): only
-        # then does a write wake it; otherwise it looks at the connection soon anyway.
-        self._idle = True
+        # How long the thread sleeps now (None: until a write): a write wakes it only when it
+        # would not look at the connection soon enough by itself (see written).
+        self._sleeps: float | None = None
         self._ready: set[Wake] = set()
         # Synchronous connections, by id, with the waiting lanes written through each.
         self._watched: dict[int, tuple[weakref.ref[Any], _Waiting]] = {}
@@ -143,8 +143,14 @@ class Waker:
             if watched is None or watched[0]() is not conn:
                 watched = self._watched[id(conn)] = (weakref.ref(conn), _Waiting())
             watched[1].add(lanes)
-            idle, self._idle = self._idle, False
-        if idle:
+            # The thread is woken only if it would not look soon enough by itself: it sleeps
+            # with no end (nothing watched), or longer than WATCH_INTERVAL while one of these
+            # stores is not quiet (its wake-up is to go out right after the commit).
+            sleeps = self._sleeps
+            wake = sleeps is None or (sleeps > WATCH_INTERVAL and not self._quiet(lanes))
+            if wake:
+                self._sleeps = WATCH_INTERVAL
+        if wake:
             self._wake.set()
 
     def written_async(self, conn: Any, lanes: set[Wake]) -> None:
@@ -185,7 +191,7 @@ class Waker:
         """In a forked child (see _forked): no thread, the parent's connection forgotten."""
         self._thread = None
         self._watched, self._ready, self._flushed = {}, set(), []
-        self._wake, self._idle = _Signal(), True
+        self._wake, self._sleeps = _Signal(), None
         self.notifier.forget()
 
     # -- the thread ----------------------------------------------------------------------
@@ -224,8 +230,13 @@ class Waker:
         """The lanes of the transactions seen to end (or held too long), taken; how long to
         wait before looking again (None: until a write); the flushes this round answers."""
         wait: float | None = None
+        now = time.monotonic()
         with self._lock:
             for key, (conn, waiting) in list(self._watched.items()):
+                quiet = self._quiet_for(waiting, now)
+                if quiet > 0:  # nothing to send before then: not looked at (no lock taken)
+                    wait = quiet if wait is None else min(wait, quiet)
+                    continue
                 ended = transaction_ended(conn())
                 self._ready |= waiting.due(bool(ended))
                 if ended:
@@ -235,7 +246,7 @@ class Waker:
                     wait = min(wait or HOLD, soon)
             lanes, self._ready = self._ready, set()
             flushed, self._flushed = self._flushed, []
-            self._idle = wait is None or wait > WATCH_INTERVAL
+            self._sleeps = wait
         return lanes, wait, flushed
 
     def _send(self, lanes: set[Wake]) -> None:
@@ -255,6 +266,25 @@ class Waker:
                 extra={"action": "wake_failed", "store": self.store.name},
             )
         self.log.flush_due()
+
+    def _quiet(self, lanes: set[Wake]) -> bool:
+        """Every store of ``lanes`` was notified less than WAKE_QUIET ago."""
+        now = time.monotonic()
+        last = self._last_sent
+        return all(now - last.get(channel, float("-inf")) < WAKE_QUIET for channel, _ in lanes)
+
+    def _quiet_for(self, waiting: _Waiting, now: float) -> float:
+        """How long every store of ``waiting``'s lanes stays quiet (0: one is not): until then
+        its connection need not be looked at, whatever its transaction does (a write-heavy
+        connection is nearly always in a statement, and looking every WATCH_INTERVAL cost a
+        thread wake-up a millisecond per writer process)."""
+        last = self._last_sent
+        channels = {channel for channel, _ in waiting.lanes} or {c for c, _ in waiting.held}
+        if not channels:
+            return 0.0
+        return max(
+            0.0, min(last.get(channel, float("-inf")) + WAKE_QUIET - now for channel in channels)
+        )
 
     def _not_quiet(self, lanes: set[Wake]) -> set[Wake]:
         """``lanes`` but those of the stores notified less than WAKE_QUIET ago (their workers
