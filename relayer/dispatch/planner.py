@@ -128,6 +128,7 @@ def swrr_step(
     *,
     costs: Sequence[int] | None = None,
     busy: Sequence[bool] | None = None,
+    cap: int | None = None,
 ) -> int:
     """One smooth weighted round-robin step over ``credits`` (mutated); returns the winner.
 
@@ -139,29 +140,35 @@ def swrr_step(
     work whose jobs are running; they grow and pay in like the eligible ones (their work is
     in flight, they are not idle), up to BUSY_CAPS times the idle cap, but cannot win.
     """
-    paid = 0
-    best = -1
-    for index, weight in enumerate(weights):
-        if eligible[index]:
-            paid += weight
-            if best < 0 or credits[index] + weight > credits[best] + weights[best]:
-                best = index
-        elif busy is not None and busy[index]:
-            paid += weight
-    chosen = best if winner is None else winner
+    chosen = _best(credits, weights, eligible) if winner is None else winner
     cost = 1 if costs is None else costs[chosen]
-    # An idle queue banks at most T (in units of the costliest job), so it cannot come back
-    # with an unbounded burst.
-    cap = total * (1 if costs is None else max(costs))
+    # An idle queue banks at most T (in units of the costliest job: ``cap``, given by callers
+    # that step many times), so it cannot come back with an unbounded burst.
+    if cap is None:
+        cap = total * (1 if costs is None else max(costs))
+    paid = 0
     for index, weight in enumerate(weights):
         if eligible[index]:
+            paid += weight
             credits[index] += weight * cost
         elif busy is not None and busy[index]:
+            paid += weight
             credits[index] = min(BUSY_CAPS * cap, credits[index] + weight * cost)
         else:
             credits[index] = min(cap, credits[index] + weight * cost)
     credits[chosen] -= paid * cost
     return chosen
+
+
+def _best(credits: Sequence[int], weights: Sequence[int], eligible: Sequence[bool]) -> int:
+    """The eligible queue with the highest credit after one unit of growth (ties: the first)."""
+    best, highest = -1, 0
+    for index, weight in enumerate(weights):
+        if eligible[index]:
+            credit = credits[index] + weight
+            if best < 0 or credit > highest:
+                best, highest = index, credit
+    return best
 
 
 class Planner:
@@ -327,10 +334,12 @@ class Planner:
                     self._credits[q] = min(BUSY_CAPS * cap if busy[q] else cap, grown)
             return
         served = [0] * count
+        # A queue served in this pass has a job running now: busy, not idle, once it has had
+        # all it could take.
+        running = list(busy)
+        cap = self._total * max(costs)
         for index in issued:
             eligible = [served[q] < limits[q] for q in range(len(limits))]
-            # A queue served all it had in this pass has a job running now: busy, not idle.
-            running = [busy[q] or served[q] > 0 for q in range(count)]
             swrr_step(
                 self._credits,
                 self._weights,
@@ -339,8 +348,10 @@ class Planner:
                 index,
                 costs=costs,
                 busy=running,
+                cap=cap,
             )
             served[index] += 1
+            running[index] = True
 
     def _weighted(self, caps: list[int], length: int) -> Iterator[int]:
         # The state is copied now: the steps run as the order is read, maybe after a charge.
@@ -383,8 +394,9 @@ def _weighted_steps(
     costs: list[int],
     busy: list[bool],
 ) -> Iterator[int]:
+    cap = total * max(costs)
     for _ in range(length):
-        winner = swrr_step(credits, weights, eligible, total, costs=costs, busy=busy)
+        winner = swrr_step(credits, weights, eligible, total, costs=costs, busy=busy, cap=cap)
         yield winner
         caps[winner] -= 1
         if caps[winner] == 0:
