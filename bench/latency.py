@@ -10,9 +10,9 @@ latency of a row is acknowledgement time minus commit time (both wall clock on t
 Prints p50/p90/p99/max after a warm-up. Never asserts on time.
 
 ``--idle N``: idle to first delivery instead. One writer process commits N single rows, one at a
-time, each after a pause of 0.3-1 s in which the row before it was delivered and the worker had
-nothing to do (nothing pending, no scan running): how soon a lone write reaches the broker with
-the store's wake-up (``--notify``, the store setting; default after_commit).
+time, each after a pause of 1.2-2 s in which the row before it was delivered and the worker had
+nothing to do (nothing pending, no scan running, no longer polling hot): how soon a lone write
+reaches the broker with the store's wake-up (``--notify``, the store setting; default after_commit).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ from relayer.transports.routing import PerMessage
 from relayer.worker import Worker
 
 WRITERS = 4
+# --idle: seconds between two lone rows, longer than a store stays hot after a wake-up
+# (relayer.store.notifier.HOT_HOLD), so that each row finds the store idle and cold.
+IDLE_GAP = (1.2, 2.0)
 
 
 class AckClock:
@@ -134,7 +137,7 @@ def write_steadily(
 
 
 def write_idly(store: StoreSettings, destination: str, count: int, out: str) -> None:
-    """One writer connection: ``count`` transactions of one row, 0.3-1 s apart."""
+    """One writer connection: ``count`` transactions of one row, IDLE_GAP apart."""
     import random
 
     outbox = Outbox(store)
@@ -142,7 +145,7 @@ def write_idly(store: StoreSettings, destination: str, count: int, out: str) -> 
     committed: dict[str, float] = {}
     with psycopg.connect(store.require_dsn()) as conn:
         for number in range(count):
-            time.sleep(pauses.uniform(0.3, 1.0))
+            time.sleep(pauses.uniform(*IDLE_GAP))
             message_id = outbox.write(
                 conn, destination=destination, body=b"x" * 200, key=f"key-{number % 250}"
             )
@@ -216,7 +219,8 @@ async def measure(
     missing = sum(1 for message_id in committed if message_id not in clock.acked)
     if idle:
         print(
-            f"{len(committed):,} lone rows, each committed 0.3-1 s after the one before "
+            f"{len(committed):,} lone rows, each committed {IDLE_GAP[0]:g}-{IDLE_GAP[1]:g} s after "
+            "the one before "
             f"(notify = {store.notify!r}), {missing} not acknowledged"
         )
     else:
