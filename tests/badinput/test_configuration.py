@@ -331,8 +331,11 @@ CASES: list[tuple[CliCase, str]] = [
         "stores.orders.dsn: '***' is invalid: Input should be a valid string",
     ),
     (
-        CliCase("unknown-transport-type", RUN, toml=TOML_RABBITMQ.replace("rabbitmq", "sqs")),
-        "stores.orders.transports.events.type: 'sqs' is invalid: is not a known transport type "
+        CliCase(
+            "unknown-transport-type", RUN, toml=TOML_RABBITMQ.replace("rabbitmq", "carrier-pigeon")
+        ),
+        "stores.orders.transports.events.type: 'carrier-pigeon' is invalid: is not a known "
+        "transport type "
         "(known: {known}); fix the type or install the package that registers it in the "
         "entry-point group 'relayer.transports'",
     ),

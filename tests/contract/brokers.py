@@ -588,8 +588,10 @@ class SQSBroker(Broker):
     async def open(self) -> Transport:
         from relayer.transports.sqs import SQSTransport
 
+        # moto answers slowly on a busy machine: a generous timeout, so that the test never
+        # depends on how fast it is (the relay would send again, but not within the test).
         transport = SQSTransport(
-            "sqs", SQS_REGION, endpoint_url=self.endpoint, credentials=SQS_CREDENTIALS
+            "sqs", SQS_REGION, endpoint_url=self.endpoint, credentials=SQS_CREDENTIALS, timeout=120
         )
         await transport.start()
         return transport

@@ -27,6 +27,8 @@ SYSTEMS = {
     "rabbitmq": ("rabbitmq", "publish"),
     "nats": ("nats", "publish"),
     "redis": ("redis", "send"),
+    "webhooks": ("webhooks", "send"),  # no convention for webhooks: the transport's name
+    "sqs": ("aws_sqs", "send"),
 }
 
 
