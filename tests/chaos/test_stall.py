@@ -8,11 +8,12 @@ exception, leaving the unacknowledged rows to the next owner.
 
 ``make chaos`` runs the 45 s stalls of the issue (marker ``chaos``); ``make test`` runs
 shorter ones (several leases long and past ``retry_backoff_max``) and the SIGTERM scenario,
-on Kafka and RabbitMQ, and on NATS JetStream and Redis Streams too.
+on Kafka and RabbitMQ, and on NATS JetStream, Redis Streams, webhooks and SQS (moto) too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import signal
 import time
@@ -21,7 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.brokers import KafkaTarget, NatsTarget, RabbitTarget, RedisTarget
+from tests.chaos.brokers import (
+    KafkaTarget,
+    NatsTarget,
+    RabbitTarget,
+    RedisTarget,
+    SQSTarget,
+    WebhookTarget,
+)
 from tests.chaos.checker import RESULTS, Report
 from tests.chaos.harness import (
     Counted,
@@ -47,6 +55,10 @@ LOG_LINES = 100
 # SIGTERM this long into the stall; the stall lasts well past the stop bound.
 SIGTERM_AFTER = 2.0
 SIGTERM_STALL = 8.0
+# Webhooks cost a request a row (about 3 ms of httpx's CPU on the project's machine, and the
+# receiver's in the test process): written at the usual rate, the backlog of a stall would
+# outgrow what two workers can post before the run's drain deadline.
+HTTP_SETTINGS = dataclasses.replace(SETTINGS, rows_per_second=60)
 STOP_BOUND = SETTINGS.lease / 2 + 1
 UNCAUGHT = ("Traceback", "Exception in thread", "never retrieved")
 STALL_SAID = re.compile(r"action=transport_stall\b")
@@ -72,7 +84,7 @@ class StallReport:
         )
 
 
-Stalled = KafkaTarget | RabbitTarget | NatsTarget | RedisTarget
+Stalled = KafkaTarget | RabbitTarget | NatsTarget | RedisTarget | WebhookTarget | SQSTarget
 
 
 def proxy_of(target: Stalled) -> Proxy:
@@ -112,11 +124,12 @@ def stalled(
     tmp_path: Path,
     loop: LoopThread,
     seconds: float,
+    settings: Settings = SETTINGS,
 ) -> StallReport:
     """Write, stall the broker for ``seconds`` while writing on, resume, drain, check."""
     proxy = proxy_of(target)
     report = new_report(request, f"silent broker stall, {seconds:g} s", target)
-    run = Run(report, dsn, tmp_path, loop, target, SETTINGS)
+    run = Run(report, dsn, tmp_path, loop, target, settings)
     try:
         with running(run):
             hold(run, FLOWING)
@@ -155,13 +168,14 @@ def sigterm_in_stall(
     dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    settings: Settings = SETTINGS,
 ) -> list[float]:
     """SIGTERM every worker ``SIGTERM_AFTER`` into a stall; each must exit 0 within the stop
     bound without an uncaught exception. Then the broker answers, new workers take over the
     lanes and drain what the stopped ones left (nothing lost)."""
     proxy = proxy_of(target)
     report = new_report(request, f"SIGTERM {SIGTERM_AFTER:g} s into a broker stall", target)
-    run = Run(report, dsn, tmp_path, loop, target, SETTINGS)
+    run = Run(report, dsn, tmp_path, loop, target, settings)
     exits: list[float] = []
     codes: list[int | None] = []
     try:
@@ -344,3 +358,46 @@ def test_redis_sigterm_in_stall(
     loop: LoopThread,
 ) -> None:
     sigterm_in_stall(request, redis_target, pg_dsn, tmp_path, loop)
+
+
+# -- webhooks and SQS ----------------------------------------------------------------------
+
+
+def test_webhooks_stall(
+    request: pytest.FixtureRequest,
+    webhooks: WebhookTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    stalled(request, webhooks, pg_dsn, tmp_path, loop, SHORT_STALL, HTTP_SETTINGS)
+
+
+def test_sqs_stall(
+    request: pytest.FixtureRequest,
+    sqs: SQSTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    stalled(request, sqs, pg_dsn, tmp_path, loop, SHORT_STALL)
+
+
+def test_webhooks_sigterm_in_stall(
+    request: pytest.FixtureRequest,
+    webhooks: WebhookTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    sigterm_in_stall(request, webhooks, pg_dsn, tmp_path, loop, HTTP_SETTINGS)
+
+
+def test_sqs_sigterm_in_stall(
+    request: pytest.FixtureRequest,
+    sqs: SQSTarget,
+    pg_dsn: str,
+    tmp_path: Path,
+    loop: LoopThread,
+) -> None:
+    sigterm_in_stall(request, sqs, pg_dsn, tmp_path, loop)

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
+from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 
 from relayer.errors import TransportError
 from relayer.redact import redact
@@ -36,6 +37,8 @@ _KNOWN_OPTIONS = (
     "max_outstanding, timeout, connect_timeout, close_timeout"
 )
 BATCH_ENTRIES = 10  # SendMessageBatch's limit
+# A request that got no answer within the timeouts.
+_NO_ANSWER = (ReadTimeoutError, ConnectTimeoutError, TimeoutError)
 
 
 @dataclass(slots=True)
@@ -258,6 +261,9 @@ class SQSTransport(QueuingTransport):
                 self._settle(item, outcomes.closed(self._name))
             raise
         except Exception as exc:  # every failure is said in the relay's words
+            if isinstance(exc, _NO_ANSWER):
+                # Silence for ``timeout``: SQS (or the way to it) stalled; said once.
+                self._notice.refused(len(self._outstanding), self._answered_at)
             error = outcomes.request_failed(queue.destination, exc)
             if error is None and len(batch) > 1:  # about some entry: find which, alone
                 await asyncio.gather(*(self._send(queue, [item]) for item in batch))

@@ -268,6 +268,9 @@ class WebhookTransport(QueuingTransport):
                 reason = response.reason_phrase
                 return outcomes.refused(target.shown, status, reason, excerpt, location), True
         except httpx.HTTPError as exc:  # refused, reset, timed out: no answer
+            if isinstance(exc, httpx.TimeoutException):
+                # Silence for ``timeout``: a stalled endpoint (said once, until it answers).
+                self._notice.refused(len(self._requests), self._answered_at)
             return outcomes.unreachable(target.shown, exc), False
 
     async def close_within(self, seconds: float) -> None:
