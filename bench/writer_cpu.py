@@ -16,6 +16,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -207,44 +208,64 @@ PATHS: dict[str, type[Path]] = {
 }
 
 
-def cpu_seconds(run: Callable[[], None]) -> float:
-    started = time.process_time()
-    run()
-    return time.process_time() - started
+@dataclass
+class Costs:
+    """CPU seconds a row, block by block: the whole process, and its main thread alone (the
+    writes themselves, without the waker's thread)."""
+
+    process: list[float] = field(default_factory=list)
+    main: list[float] = field(default_factory=list)
+
+    def add(self, run: Callable[[], None]) -> None:
+        process, main = time.process_time(), time.thread_time()
+        run()
+        self.process.append((time.process_time() - process) / BLOCK)
+        self.main.append((time.thread_time() - main) / BLOCK)
+
+    def median(self) -> tuple[float, float]:
+        return statistics.median(self.process), statistics.median(self.main)
 
 
-def measure(path: Path, store: StoreSettings, rows: int) -> tuple[float, float]:
-    """Median CPU seconds a row of the relayer blocks and of the bare blocks, alternating."""
+def measure(path: Path, store: StoreSettings, rows: int) -> dict[str, Costs]:
+    """The relayer blocks' and the bare blocks' costs, the blocks alternating."""
     path.relayer(keys(BLOCK, 0))  # warm: connection, lane-count check, the waker's thread
     path.bare(bare_rows(store, BLOCK, 0))
-    costs: dict[str, list[float]] = {"relayer": [], "bare": []}
+    costs = {"relayer": Costs(), "bare": Costs()}
     for number in range(max(1, rows // BLOCK)):
         written = keys(BLOCK, number * BLOCK)
         ready = bare_rows(store, BLOCK, number * BLOCK)
         runs = {"relayer": partial(path.relayer, written), "bare": partial(path.bare, ready)}
         for kind in sorted(runs, reverse=number % 2 == 1):
-            costs[kind].append(cpu_seconds(runs[kind]) / BLOCK)
+            costs[kind].add(runs[kind])
         path.outbox.flush()
-    return statistics.median(costs["relayer"]), statistics.median(costs["bare"])
+    return costs
 
 
 def report(store: StoreSettings, rows: int, names: list[str]) -> list[str]:
-    """The table: client CPU a row of each path, relayer against bare, and the difference."""
+    """The table: client CPU a row of each path, relayer against bare, and the difference;
+    the process's (the waker's thread included) and the main thread's alone."""
     insert = queries_for(store.names)["insert_message"]
     lines = [
         f"client CPU a row (one row a transaction, committed; notify = {store.notify}; "
-        f"{rows:,} rows a side in blocks of {BLOCK}, alternating; medians of the blocks):",
-        "| path | Outbox.write µs | bare execute µs | difference µs |",
-        "|---|---|---|---|",
+        f"{rows:,} rows a side in blocks of {BLOCK}, alternating; medians of the blocks), "
+        "µs: the process (every thread), and its main thread alone (the writes themselves)",
+        "| path | process: Outbox.write / bare execute / difference "
+        "| main thread: Outbox.write / bare execute / difference |",
+        "|---|---|---|",
     ]
     for name in names:
         path = PATHS[name](Outbox(store), insert)
         try:
-            relayer, bare = measure(path, store, rows)
+            costs = measure(path, store, rows)
         finally:
             path.close()
+        (process, main), (bare_process, bare_main) = (
+            costs["relayer"].median(),
+            costs["bare"].median(),
+        )
         lines.append(
-            f"| {path.name} | {relayer * 1e6:.1f} | {bare * 1e6:.1f} "
-            f"| {(relayer - bare) * 1e6:+.1f} |"
+            f"| {path.name} | {process * 1e6:.1f} / {bare_process * 1e6:.1f} / "
+            f"{(process - bare_process) * 1e6:+.1f} | {main * 1e6:.1f} / {bare_main * 1e6:.1f}"
+            f" / {(main - bare_main) * 1e6:+.1f} |"
         )
     return lines
