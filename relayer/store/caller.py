@@ -159,6 +159,13 @@ def transaction_ended_async(conn: psycopg.AsyncConnection[Any] | None) -> bool:
 def connection_of(wrapper: Any) -> psycopg.Connection[Any]:
     """The psycopg connection under a Django connection (``django.db.connection`` or
     ``connections[alias]``), which must be inside ``transaction.atomic()``."""
+    from django.utils.connection import ConnectionProxy
+
+    if isinstance(wrapper, ConnectionProxy):
+        # django.db.connection looks its connection up again at every attribute read: once.
+        from django.db import connections
+
+        wrapper = connections[wrapper.alias]
     vendor = getattr(wrapper, "vendor", None)
     if vendor != "postgresql":
         raise UsageError(
@@ -172,8 +179,10 @@ def connection_of(wrapper: Any) -> psycopg.Connection[Any]:
             "outbox row would not share a transaction with your business data; write inside "
             "`with transaction.atomic():`"
         )
-    wrapper.ensure_connection()
     raw = wrapper.connection
+    if raw is None:  # inside atomic() it is connected; ensure_connection costs a check a call
+        wrapper.ensure_connection()
+        raw = wrapper.connection
     if not isinstance(raw, psycopg.Connection):
         raise UsageError(
             f"Django's connection uses {type(raw).__module__} (psycopg2?), but relayer needs "
