@@ -96,18 +96,19 @@ class ServedStore:
         return [*self.relay.tasks(self.halt, self.flush_due), self.maintenance.watch(self.halt)]
 
     async def open(self) -> None:
-        """Take what the store needs, in order: its transports (one shared with other stores
-        starts with the first), its relay (the database's shared connections, a schema check,
-        a first heartbeat), its dispatch gate's connection (the schema checked just before)
-        and the maintenance schedule. If a step fails, what was taken is given back
-        (``close``) and the error propagates."""
+        """Take what the store needs, in order: its dispatch gate's connection (so that a
+        database out of reach is said first, before any broker's trouble), its transports
+        (one shared with other stores starts with the first), its relay (the database's
+        shared connections, a schema check that covers the gate's, a first heartbeat) and the
+        maintenance schedule. If a step fails, what was taken is given back (``close``) and
+        the error propagates."""
         try:
-            await self.shared.acquire(self.transports.values(), close_within=self.stop_budget())
-            self._transports_held = True
-            await self.relay.open()
             if self.gate is not None:
                 await self.gate.open(schema_checked=True)
                 self._gate_open = True
+            await self.shared.acquire(self.transports.values(), close_within=self.stop_budget())
+            self._transports_held = True
+            await self.relay.open()
             self.maintenance.start()
         except BaseException:
             await self.close()
