@@ -263,7 +263,13 @@ async def steady_floor(run: Steady, *, tick: float = 0.0) -> None:
         store = await applied(
             make_store(environment.dsn, schema_name, options, notify=True, name=schema_name)
         )
-        config = write_config(store, options, folder, environment.arguments.store_options)
+        # The least relay answering notifications hears one per commit only if the writers notify
+        # in their transactions (after the commit a writer's process stays quiet for a while
+        # after each wake-up, for workers that poll hot meanwhile, which it does not).
+        quiet = [] if tick else ['notify = "in_transaction"']
+        config = write_config(
+            store, options, folder, [*environment.arguments.store_options, *quiet]
+        )
         acks = Path(folder) / "acks.json"
         counter = run.counter(folder, "least-relay")
         async with destination(environment, "kafka") as target:
