@@ -85,7 +85,13 @@ class Wakeups:
         # notify = "after_commit": writers' processes stay quiet for WAKE_QUIET after notifying
         # the store; each notification heard (and a new share) makes the store hot: its lanes
         # are polled every HOT_POLL until HOT_HOLD after the last one (hot_poll).
-        self._heats = store.notify == "after_commit" and database.listener is not None
+        # Not behind a transaction pooler: a probe every HOT_POLL would hold its few server
+        # connections (writers there stay quiet for no time: relayer.writer.waker).
+        self._heats = (
+            store.notify == "after_commit"
+            and database.listener is not None
+            and store.pooler != "transaction"
+        )
         self._hot_until = 0.0
         self._hot: asyncio.Future[None] | None = None
         self.hot_polls = 0  # (tests and diagnostics)

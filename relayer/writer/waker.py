@@ -267,11 +267,18 @@ class Waker:
             )
         self.log.flush_due()
 
+    def quiet(self) -> float:
+        """How long the process stays quiet towards a store after notifying it: WAKE_QUIET, or
+        0 behind a transaction pooler, whose workers do not poll hot (see Wakeups: a probe
+        every 5 ms would hold the pool's few server connections), so every commit is woken."""
+        return 0.0 if self.store.pooler == "transaction" else WAKE_QUIET
+
     def _quiet(self, lanes: set[Wake]) -> bool:
         """Every store of ``lanes`` was notified less than WAKE_QUIET ago."""
         now = time.monotonic()
         last = self._last_sent
-        return all(now - last.get(channel, float("-inf")) < WAKE_QUIET for channel, _ in lanes)
+        quiet = self.quiet()
+        return all(now - last.get(channel, float("-inf")) < quiet for channel, _ in lanes)
 
     def _quiet_for(self, waiting: _Waiting, now: float) -> float:
         """How long every store of ``waiting``'s lanes stays quiet (0: one is not): until then
@@ -283,7 +290,7 @@ class Waker:
         if not channels:
             return 0.0
         return max(
-            0.0, min(last.get(channel, float("-inf")) + WAKE_QUIET - now for channel in channels)
+            0.0, min(last.get(channel, float("-inf")) + self.quiet() - now for channel in channels)
         )
 
     def _not_quiet(self, lanes: set[Wake]) -> set[Wake]:
@@ -292,7 +299,7 @@ class Waker:
         now = time.monotonic()
         last = self._last_sent
         quiet = {
-            channel for channel, _ in lanes if now - last.get(channel, float("-inf")) < WAKE_QUIET
+            channel for channel, _ in lanes if now - last.get(channel, float("-inf")) < self.quiet()
         }
         for channel, _ in lanes:
             if channel not in quiet:
