@@ -50,7 +50,6 @@ class OutboxMessage:
 
 def validate_fields(
     store: StoreSettings,
-    *,
     destination: str,
     body: bytes,
     key: str | None,

@@ -95,20 +95,15 @@ class Outbox:
         deliver_at: datetime | None = None,
     ) -> UUID:
         """Insert one message in ``conn``'s current transaction and return its id."""
-        fields = validate_fields(
-            self.store,
-            destination=destination,
-            body=body,
-            key=key,
-            headers=headers,
-            transport=transport,
-            deliver_at=deliver_at,
-        )
+        # Positional: a call with keywords costs a write more.
+        fields = validate_fields(self.store, destination, body, key, headers, transport, deliver_at)
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         row = self._statements.insert(connection, fields)
-        if self._wakes_after_commit and row[1] != UNORDERED_LANE:
-            self.waker.written(connection, {(self._channel, row[1])})
-        self._remember_unordered(conn, [row])
+        if row[1] != UNORDERED_LANE:
+            if self._wakes_after_commit:
+                (self._waker or self.waker).written(connection, {(self._channel, row[1])})
+        elif self.on_unordered is not None:
+            self.on_unordered(conn, [row[0]])
         return row[0]
 
     def write_many(self, conn: Any, messages: Iterable[OutboxMessage]) -> list[UUID]:
@@ -139,20 +134,15 @@ class Outbox:
         deliver_at: datetime | None = None,
     ) -> UUID:
         """Insert one message in ``conn``'s current transaction and return its id."""
-        fields = validate_fields(
-            self.store,
-            destination=destination,
-            body=body,
-            key=key,
-            headers=headers,
-            transport=transport,
-            deliver_at=deliver_at,
-        )
+        # Positional: a call with keywords costs a write more.
+        fields = validate_fields(self.store, destination, body, key, headers, transport, deliver_at)
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         row = await self._statements.insert_async(connection, fields)
-        if self._wakes_after_commit and row[1] != UNORDERED_LANE:
-            self.waker.written_async(connection, {(self._channel, row[1])})
-        self._remember_unordered(conn, [row])
+        if row[1] != UNORDERED_LANE:
+            if self._wakes_after_commit:
+                (self._waker or self.waker).written_async(connection, {(self._channel, row[1])})
+        elif self.on_unordered is not None:
+            self.on_unordered(conn, [row[0]])
         return row[0]
 
     async def write_many_async(self, conn: Any, messages: Iterable[OutboxMessage]) -> list[UUID]:
