@@ -230,7 +230,7 @@ def connection_of(wrapper: Any) -> psycopg.Connection[Any]:
 
 
 @cache
-def _django() -> tuple[type, Any]:
+def _django() -> tuple[type[Any], Any]:
     """Django's ConnectionProxy class and its connection handler, imported on first use."""
     from django.db import connections
     from django.utils.connection import ConnectionProxy

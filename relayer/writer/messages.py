@@ -50,6 +50,7 @@ class OutboxMessage:
 
 def validate_fields(
     store: StoreSettings,
+    *,
     destination: str,
     body: bytes,
     key: str | None,

@@ -95,8 +95,15 @@ class Outbox:
         deliver_at: datetime | None = None,
     ) -> UUID:
         """Insert one message in ``conn``'s current transaction and return its id."""
-        # Positional: a call with keywords costs a write more.
-        fields = validate_fields(self.store, destination, body, key, headers, transport, deliver_at)
+        fields = validate_fields(
+            self.store,
+            destination=destination,
+            body=body,
+            key=key,
+            headers=headers,
+            transport=transport,
+            deliver_at=deliver_at,
+        )
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         row = self._statements.insert(connection, fields)
         if row[1] != UNORDERED_LANE:
@@ -134,8 +141,15 @@ class Outbox:
         deliver_at: datetime | None = None,
     ) -> UUID:
         """Insert one message in ``conn``'s current transaction and return its id."""
-        # Positional: a call with keywords costs a write more.
-        fields = validate_fields(self.store, destination, body, key, headers, transport, deliver_at)
+        fields = validate_fields(
+            self.store,
+            destination=destination,
+            body=body,
+            key=key,
+            headers=headers,
+            transport=transport,
+            deliver_at=deliver_at,
+        )
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         row = await self._statements.insert_async(connection, fields)
         if row[1] != UNORDERED_LANE:
