@@ -119,8 +119,7 @@ async def async_connection(
             "asgiref's sync_to_async)"
         )
     if module.startswith("sqlalchemy"):
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-
+        AsyncConnection, AsyncSession = _sqlalchemy_async()
         if isinstance(conn, AsyncSession):
             conn = await conn.connection()
         if isinstance(conn, AsyncConnection):
@@ -138,6 +137,15 @@ async def async_connection(
         f"cannot use a {type(conn).__module__}.{type(conn).__name__} for {async_names}; pass a "
         "psycopg AsyncConnection or an SQLAlchemy AsyncSession/AsyncConnection (psycopg driver)"
     )
+
+
+@cache
+def _sqlalchemy_async() -> tuple[type[Any], type[Any]]:
+    """SQLAlchemy's AsyncConnection and AsyncSession, imported on first use (an import
+    statement costs a write more than a look-up)."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    return AsyncConnection, AsyncSession
 
 
 def driver_error(driver: str) -> UsageError:
