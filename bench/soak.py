@@ -21,8 +21,9 @@ the outbox) for ``--hold-minutes`` in the middle of the run.
 Every ``--sample-seconds`` one line per mode:
 - rows written and sent per second (sent: the worker's relayer_messages_sent counter), and the
   backlog (written - sent);
-- head read: a separate session runs the worker's own head probe (relayer.store.RelayStore.probe)
-  once for each lane: the median and slowest, in ms;
+- head read: a separate session runs the worker's own head probe (relayer.store.RelayStore.probe's
+  statement) under EXPLAIN ANALYZE for each of --read-lanes lanes (8) spread over the store: the
+  median and slowest execution time in the server (ms), and the median of the buffers it touched;
 - the outbox's heap and indexes (summed over pg_partition_tree: its partitions when it has
   some) and every table of the store's schema with indexes and TOAST; dead tuples of the outbox
   (pg_stat_user_tables, summed over its partitions); autovacuum runs and checkpoints since the
@@ -122,13 +123,14 @@ class Sampler:
 
     async def take(self, target: float) -> Sample:
         assert self.previous is not None
+        reading = await self.monitor.read()  # the counters first, at the interval's end
         reads = await self.monitor.head_reads()
-        reading = await self.monitor.read()
         sample = sample_of(self.previous, reading, self.started, target, reads)
         sample.held = self.monitor.held.held
         if self.monitor.locks is not None:
             wait = self.monitor.locks.take()
             sample.lock_wait_ms = wait.seconds * 1000 if wait else 0.0
+            sample.lock_waiter = f"{wait.who}, {wait.lock}" if wait else None
         self.previous = reading
         self.samples.append(sample)
         print(line(self.mode, sample), flush=True)
@@ -144,21 +146,21 @@ async def wait_until(moment: float, monitor: Monitor, worker: WorkerProcess) -> 
 
 
 async def soak(sampler: Sampler, plan: Schedule, worker: WorkerProcess, rate: float) -> None:
-    """The fixed rate for the whole run, the snapshot held in its middle."""
+    """The fixed rate for the whole run, the snapshot held in its middle: over every sample
+    interval whose middle falls in the hold window (the hold is a whole number of intervals)."""
     monitor = sampler.monitor
     await sampler.begin()
     count = max(1, round(plan.seconds / plan.sample))
     for number in range(1, count + 1):
-        due = sampler.started + min(number * plan.sample, plan.seconds)
-        while time.perf_counter() < due:
-            elapsed = time.perf_counter() - sampler.started
-            if plan.holds(elapsed) and not monitor.held.held:
-                await monitor.held.take()
-                print(f"{sampler.mode}: a snapshot is held from minute {elapsed / 60:.2f}")
-            elif monitor.held.held and not plan.holds(elapsed):
-                await monitor.held.release()
-                print(f"{sampler.mode}: the snapshot is released at minute {elapsed / 60:.2f}")
-            await wait_until(min(due, time.perf_counter() + 1), monitor, worker)
+        middle = (number - 0.5) * plan.seconds / count
+        elapsed = (time.perf_counter() - sampler.started) / 60
+        if plan.holds(middle) and not monitor.held.held:
+            await monitor.held.take()
+            print(f"{sampler.mode}: a snapshot is held from minute {elapsed:.2f}", flush=True)
+        elif monitor.held.held and not plan.holds(middle):
+            await monitor.held.release()
+            print(f"{sampler.mode}: the snapshot is released at minute {elapsed:.2f}", flush=True)
+        await wait_until(sampler.started + number * plan.seconds / count, monitor, worker)
         await sampler.take(rate)
     await monitor.held.release()
 
@@ -191,7 +193,7 @@ async def find_max(
     return sustained, f"--minutes ran out at {rate:,.0f}/s"
 
 
-def storage_settings(mode: str, dsn: str) -> dict[str, str] | None:
+def storage_settings(mode: str, dsn: str) -> dict[str, Any] | None:
     """The store settings of ``mode``; None, said in one line, if the store refuses it. Without
     the ``storage`` setting (a relayer before it), a store deletes: "delete" needs none."""
     try:
@@ -206,7 +208,7 @@ def storage_settings(mode: str, dsn: str) -> dict[str, str] | None:
 
 @contextlib.asynccontextmanager
 async def relaying(
-    server: EmbeddedPostgres, settings: dict[str, str], folder: str
+    server: EmbeddedPostgres, settings: dict[str, Any], folder: str
 ) -> AsyncIterator[tuple[StoreSettings, str, WorkerProcess, int]]:
     """The store, created, and ``relayer run`` serving it to the memory transport."""
     async with await psycopg.AsyncConnection.connect(server.dsn, autocommit=True) as conn:
@@ -254,6 +256,7 @@ async def measure(
         server.dsn, autocommit=True, application_name="soak-monitor"
     ) as conn:
         monitor = Monitor(server, store, conn, worker.pid, port, writers, locks, held)
+        monitor.read_lanes = min(arguments.read_lanes, store.lanes)
         monitor.monitors.append(conn.info.backend_pid)
         sampler = Sampler(monitor, mode)
         writers.start()
@@ -354,12 +357,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--step-factor", type=float, default=1.25)
     add("--step-samples", type=int, default=3)
     add("--lock-sample", action="store_true", help="pg_locks every 10 ms")
+    add("--read-lanes", type=int, default=8, help="lanes whose head read is timed each sample")
     add("--json", help="write the samples to this file")
     add("--plot", help="render an SVG of the samples to this file")
     add("--postgres-bin", default=str(POSTGRES_BIN))
     arguments = parser.parse_args(argv)
     arguments.modes = [mode.strip() for mode in arguments.modes.split(",") if mode.strip()]
-    for name in ("rate", "sample_seconds", "batch", "writers", "rounds", "step_samples"):
+    positive = (
+        "rate",
+        "sample_seconds",
+        "batch",
+        "writers",
+        "rounds",
+        "step_samples",
+        "read_lanes",
+    )
+    for name in positive:
         if getattr(arguments, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be above 0")
     if (arguments.minutes is not None and arguments.minutes <= 0) or arguments.step_factor <= 1:

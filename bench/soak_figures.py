@@ -59,7 +59,8 @@ class Sample:
     pg_writers_us_per_msg: float | None
     worker_us_per_msg: float | None
     held: bool
-    lock_wait_ms: float | None = None
+    lock_wait_ms: float | None = None  # the longest wait seen in the interval
+    lock_waiter: str | None = None  # whose, on what lock
 
 
 @dataclass
@@ -75,6 +76,7 @@ class Monitor:
     writers: Writers
     locks: LockSampler | None
     held: HeldSnapshot
+    read_lanes: int = 8  # lanes whose head is read at each sample, spread over the store's
     monitors: list[int] = field(default_factory=list)  # the soak's own backends
 
     async def sent(self) -> int:
@@ -106,13 +108,14 @@ class Monitor:
         return self.store.names.table("outbox")
 
     async def head_reads(self) -> list[tuple[float, int]]:
-        """The worker's head probe (RelayStore.probe's statement) of each lane in turn, under
-        EXPLAIN ANALYZE: its execution time in the server (ms; the time of a busy machine's
-        scheduler left out) and the buffers it touched, sorted by time."""
+        """The worker's head probe (RelayStore.probe's statement) of ``read_lanes`` lanes spread
+        over the store, one at a time, under EXPLAIN ANALYZE: its execution time in the server
+        (ms; a busy machine's scheduler left out) and the buffers it touched, sorted by time."""
         probe = RelayStore(self.store).queries["probe"]
         explain = sql.SQL("EXPLAIN (ANALYZE, TIMING OFF, BUFFERS, FORMAT JSON) ") + sql.SQL(probe)
         reads = []
-        for lane in range(self.store.lanes):
+        lanes = self.store.lanes
+        for lane in sorted({index * lanes // self.read_lanes for index in range(self.read_lanes)}):
             cursor = await self.conn.execute(explain, {"lanes": wire.text_list([lane])})
             row = await cursor.fetchone()
             assert row is not None
@@ -183,5 +186,6 @@ def line(mode: str, sample: Sample) -> str:
     if sample.held:
         parts.append("held")
     if sample.lock_wait_ms is not None:
-        parts.append(f"lock wait {sample.lock_wait_ms:.0f} ms")
+        waiter = f" ({sample.lock_waiter})" if sample.lock_waiter else ""
+        parts.append(f"lock wait {sample.lock_wait_ms:.0f} ms{waiter}")
     return " | ".join(parts)

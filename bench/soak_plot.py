@@ -67,29 +67,43 @@ def legend(runs: list[dict[str, Any]]) -> list[str]:
 
 
 def held_span(runs: list[dict[str, Any]], end: float, height: float) -> list[str]:
-    """A grey band over the minutes in which the first run held its snapshot."""
-    held = [sample["minute"] for sample in runs[0]["samples"] if sample.get("held")] if runs else []
+    """A grey band over the sample intervals in which the first run held its snapshot."""
+    samples = runs[0]["samples"] if runs else []
+    starts = [0.0, *(sample["minute"] for sample in samples)]
+    held = [(starts[i], sample["minute"]) for i, sample in enumerate(samples) if sample.get("held")]
     if not held:
         return []
     width = WIDTH - LEFT - RIGHT
-    first, last = min(held) / end * width + LEFT, max(held) / end * width + LEFT
+    first, last = held[0][0] / end * width + LEFT, held[-1][1] / end * width + LEFT
     return [
         f'<rect x="{first:.1f}" y="{TOP}" width="{max(last - first, 2):.1f}" '
         f'height="{height - TOP}" fill="#eee"/>'
     ]
 
 
+def minute_ticks(end: float, y: float) -> list[str]:
+    """Labels under the last panel: every minute, or every few when the run is long."""
+    step = max(1, round(end / 10))
+    width = WIDTH - LEFT - RIGHT
+    return [
+        f'<text x="{LEFT + minute / end * width:.1f}" y="{y}" font-size="11" '
+        f'text-anchor="middle">{minute}</text>'
+        for minute in range(0, int(end) + 1, step)
+    ]
+
+
 def render(results: dict[str, Any]) -> str:
     runs = [run for run in results.get("runs", []) if run.get("samples")]
     end = max((sample["minute"] for run in runs for sample in run["samples"]), default=1) or 1
-    height = TOP + len(PANELS) * (PANEL_HEIGHT + GAP) + 10
-    body = held_span(runs, end, height - GAP)
+    height = TOP + len(PANELS) * (PANEL_HEIGHT + GAP) + 30
+    body = held_span(runs, end, TOP + 14 + len(PANELS) * (PANEL_HEIGHT + GAP) - GAP)
     for number, (field, title) in enumerate(PANELS):
         body += panel(runs, field, title, TOP + number * (PANEL_HEIGHT + GAP) + 14, end)
     body += legend(runs)
+    body += minute_ticks(end, TOP + len(PANELS) * (PANEL_HEIGHT + GAP) - GAP + 28)
     body.append(
         f'<text x="{WIDTH - RIGHT}" y="{height - 4}" font-size="11" text-anchor="end">'
-        f"minutes (0-{end:g}); grey: snapshot held</text>"
+        "minutes; grey: the snapshot held</text>"
     )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
