@@ -3,7 +3,7 @@ snapshot held in the middle, and what the outbox costs the server minute by minu
 mode.
 
     python bench/soak.py [--modes delete,partitioned] [--rate 15000] [--minutes M]
-                         [--hold-minutes 10] [--sample-seconds 60] [--batch 50] [--writers 2]
+                         [--hold-minutes 10] [--sample-seconds 60] [--batch 50] [--writers 4]
                          [--lock-sample] [--json FILE] [--plot FILE.svg] [--rounds 1]
     python bench/soak.py --find-max [--rate 5000] [--step-factor 1.25] [--step-samples 3]
     python bench/soak_plot.py FILE.json FILE.svg      # the plot of an earlier run
@@ -345,13 +345,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add = parser.add_argument
-    add("--modes", default="delete", help="storage modes, comma-separated (delete,partitioned)")
+    add("--modes", default="delete,partitioned", help="storage modes, comma-separated")
     add("--rate", type=float, default=15_000, help="rows/s (--find-max: the first rate)")
     add("--minutes", type=float, help="a mode's length (default: 10 M rows or 30 minutes)")
     add("--hold-minutes", type=float, default=10.0)
     add("--sample-seconds", type=float, default=60.0)
     add("--batch", type=int, default=50, help="rows a transaction")
-    add("--writers", type=int, default=2, help="writer processes")
+    add("--writers", type=int, default=4, help="writer processes")
     add("--rounds", type=int, default=1, help="times the modes alternate")
     add("--find-max", action="store_true")
     add("--step-factor", type=float, default=1.25)
