@@ -36,7 +36,8 @@ Every ``--sample-seconds`` one line per mode:
 worker session seen in the interval (and over the run). ``--find-max``: no held snapshot; the
 rate starts at --rate and grows by --step-factor every --step-samples samples until the backlog
 grows by more than half a second of writes in two samples in a row at one rate; the last rate
-before it is the mode's highest sustained rate. ``--json`` writes every sample; ``--plot``
+before it is the mode's highest sustained rate (at least that, when the writers fell short
+rather than the relay). ``--json`` writes every sample; ``--plot``
 renders sent rows/s, head read and store size over time per mode as SVG. Prints figures;
 asserts nothing.
 """
@@ -167,8 +168,10 @@ async def soak(sampler: Sampler, plan: Schedule, worker: WorkerProcess, rate: fl
 
 async def find_max(
     sampler: Sampler, plan: Schedule, worker: WorkerProcess, arguments: argparse.Namespace
-) -> tuple[float | None, str]:
-    """Step the rate up until the backlog grows in two samples in a row at one rate."""
+) -> tuple[float | None, bool, str]:
+    """Step the rate up until the backlog grows in two samples in a row at one rate: the last
+    rate before, whether the relay fell behind (else the writers or the time were the limit and
+    the rate is a lower bound), and why it ended."""
     rate = arguments.rate
     sustained: float | None = None
     await sampler.begin()
@@ -184,13 +187,16 @@ async def find_max(
             grew = grew + 1 if sample.backlog - backlog > rate / 2 else 0
             backlog = sample.backlog
             if grew >= 2:
-                return sustained, f"the backlog grew in two samples in a row at {rate:,.0f}/s"
+                return sustained, True, f"the backlog grew in two samples in a row at {rate:,.0f}/s"
         if statistics.median(written) < 0.95 * rate:
             reached = statistics.median(written)
-            return sustained, f"the writers reached only {reached:,.0f} rows/s of {rate:,.0f}"
+            why = (
+                f"the writers reached only {reached:,.0f} rows/s of {rate:,.0f}; the relay kept up"
+            )
+            return sustained, False, why
         sustained = rate
         rate *= arguments.step_factor
-    return sustained, f"--minutes ran out at {rate:,.0f}/s"
+    return sustained, False, f"--minutes ran out at {rate:,.0f}/s"
 
 
 def storage_settings(mode: str, dsn: str) -> dict[str, Any] | None:
@@ -266,11 +272,11 @@ async def measure(
                 await locks.start()
             result: dict[str, Any] = {"mode": mode, "settings": settings_line(store, mode)}
             if arguments.find_max:
-                sustained, why = await find_max(sampler, plan, worker, arguments)
-                result.update(kind="find-max", max_rate=sustained, ended=why)
-                print(
-                    f"{mode}: highest sustained rate {optional(sustained, ',.0f')} rows/s ({why})"
-                )
+                sustained, found, why = await find_max(sampler, plan, worker, arguments)
+                result.update(kind="find-max", max_rate=sustained, max_found=found, ended=why)
+                bound = "" if found else "at least "
+                rate = optional(sustained, ",.0f")
+                print(f"{mode}: highest sustained rate {bound}{rate} rows/s ({why})", flush=True)
             else:
                 await soak(sampler, plan, worker, arguments.rate)
                 result.update(kind="soak")
