@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ def write_steadily(
     from relayer import Outbox, OutboxMessage
     from relayer.settings import load_settings
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which stops us
     store = load_settings(config).store(store_name)
     outbox = Outbox(store)
     with psycopg.connect(store.require_dsn(), application_name=WRITER_NAME) as conn:
