@@ -67,7 +67,9 @@ def make_store(
     notify: bool = False,
     name: str = "bench",
     lanes: int = LANES,
+    **settings: Any,
 ) -> StoreSettings:
+    """A store of ``lanes`` lanes in ``schema_name``; ``settings``: any other store setting."""
     return store_settings(
         name=name,
         dsn=dsn,
@@ -78,6 +80,7 @@ def make_store(
         notify=notify,
         transports={"broker": transport or {"type": "memory"}},
         default_transport="broker",
+        **settings,
     )
 
 
