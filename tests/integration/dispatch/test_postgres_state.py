@@ -313,3 +313,46 @@ async def test_stores_have_distinct_lock_keys(pg_dsn: str) -> None:
     assert queue_lock_key(one.names, "q") != queue_lock_key(two.names, "q")
     assert queue_lock_key(one.names, "q") != queue_lock_key(one.names, "r")
     assert 0 <= queue_lock_key(one.names, "q") < 2**31
+
+
+async def test_the_claim_without_limits_answers_as_the_claim_function(
+    store: StoreSettings,
+) -> None:
+    """Without a concurrency limit and nothing to release, the claim statement answers without
+    calling the claim function: its rows must be the function's, row for row, whatever is
+    paused (one queue, the other, every queue), the budget and the wanted order."""
+    from relayer.sql import queries_for
+    from relayer.store.dispatch import SlotStatements
+
+    names = store.names
+    statements = SlotStatements(names, pinned=False)
+    function = psycopg.sql.SQL(
+        "SELECT * FROM {}(%s, %s, %s, %s, %s, %s, '{{}}', '{{}}', '{{}}', '{{}}')"
+    ).format(psycopg.sql.Identifier(names.schema, names.function("claim_slots")))
+    queues = ["a", "b", "c"]
+    keys = [queue_lock_key(names, queue) for queue in queues]
+    states = queries_for(names)
+    cases = 0
+    async with await psycopg.AsyncConnection.connect(store.require_dsn(), autocommit=True) as conn:
+        for paused in [(), ("a",), ("b", "c"), ("*",)]:
+            for queue in ["a", "b", "c", "*"]:
+                await conn.execute(
+                    states["queue_set_pause"],
+                    {"queue": queue, "paused": queue in paused, "actor": "t", "reason": "t"},
+                )
+            for wanted in [[1, 1, 2, 3, 2], [3, 3, 3], [2, 1], []]:
+                for budget in [0, 1, 2, 10]:
+                    got = await statements.claim(
+                        conn, queues, keys, wanted=wanted, budget=budget, held=[], releases=[]
+                    )
+                    flags = [queue in paused or "*" in paused for queue in queues]
+                    cursor = await conn.execute(
+                        function, ("*" in paused, flags, [None] * 3, keys, wanted, budget)
+                    )
+                    assert [tuple(row) for row in got] == await cursor.fetchall(), (
+                        paused,
+                        wanted,
+                        budget,
+                    )
+                    cases += 1
+    assert cases == 64
