@@ -132,6 +132,8 @@ class BatchSender:
         self._unresolved = False
         # Row -> the next row of its key, published once the row is acknowledged.
         self._waiting: dict[int, int] = {}
+        # Row -> the next row of its key, pipelined behind it once the row itself goes.
+        self._riders: dict[int, int] = {}
         self._ready: list[int] = []
         # Per (transport name, destination) not usable now: why (the broker's fault when its
         # broker cannot be reached: then no attempt is counted).
@@ -247,19 +249,29 @@ class BatchSender:
             self._unusable[(name, destination)] = verdict
 
     def _order_within_keys(self, gapless: bool) -> None:
-        """Which rows go now (each key's first) and which wait for their key's previous one."""
+        """Which rows go now (each key's first) and which wait for their key's previous one:
+        until it is acknowledged (``_waiting``), or, where the two may be pipelined, until it
+        goes itself (``_riders``: a row that may ride behind one that waits goes no sooner)."""
         keys = self.rows.batch.keys
         ready = self._ready
         waiting = self._waiting
+        riders = self._riders
         last_of_key: dict[str, int] = {}
+        held: set[str] = set()  # keys whose last row so far waits for an earlier one
         for index in self.indexes:
             key = keys[index]
             previous = last_of_key.get(key)
             last_of_key[key] = index
-            if previous is None or (gapless and self._pipelined(previous, index)):
+            if previous is None:
                 ready.append(index)
+            elif gapless and self._pipelined(previous, index):
+                if key in held:
+                    riders[previous] = index
+                else:
+                    ready.append(index)
             else:
                 waiting[previous] = index
+                held.add(key)
 
     def _pipelined(self, previous: int, index: int) -> bool:
         rows = self.rows
@@ -398,8 +410,9 @@ class BatchSender:
             self._settled += 1
             if self._waiting:
                 following = self._waiting.pop(index, None)
-                if following is not None:
+                while following is not None:  # it goes, and the rows that ride behind it
                     self._ready.append(following)
+                    following = self._riders.pop(following, None)
                     self._wake.set()
             if self._settled >= self._handed:
                 self._wake.set()

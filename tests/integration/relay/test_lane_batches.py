@@ -840,3 +840,27 @@ async def test_a_broker_lost_before_acknowledging_makes_only_its_lane_wait(
     assert parked(relay_store) == {}
     assert pending(relay_store) == 2
     await flaky.close()
+
+
+async def test_a_key_whose_rows_name_its_transport_differently_keeps_its_order(
+    relay_store: StoreSettings, memory: MemoryTransport
+) -> None:
+    """A row with no transport (the store's default, as SQL written elsewhere leaves it) and
+    later rows of its key naming that transport: the later rows wait for the first one, and
+    the one that rides behind the second may not go ahead of it (I2)."""
+    [key] = keys_in_lane(relay_store, 1, 1)
+    first = write(relay_store, [key])
+    with psycopg.connect(relay_store.require_dsn()) as conn:  # NULL: the store's default
+        conn.execute(
+            psycopg.sql.SQL("UPDATE {} SET transport = NULL WHERE id = %s").format(
+                psycopg.sql.Identifier(relay_store.db_schema, relay_store.names.table("outbox"))
+            ),
+            (first[0],),
+        )
+    later = write(relay_store, [key], per_key=3, transport="memory")
+    relay = LaneRelay(relay_store, Routing(relay_store, {"memory": memory}), MEMBER)
+    result = await send(relay, 1)
+    assert result.sent == 4
+    received = memory.received_all()
+    assert [message.id for message in received] == [*first, *later]
+    assert first_deliveries_in_order(received)
