@@ -49,7 +49,8 @@ WHERE t.relnamespace = %s AND t.relname = ANY(%s) AND k.contype IN ('c', 'u', 'f
 -- order: its metadata table's oid (NULL: never applied) and its schema's oid (NULL: missing).
 -- The first array holds the metadata tables' quoted, qualified names, the second the schemas.
 SELECT pg_catalog.to_regclass(t.meta)::oid, n.oid
-FROM pg_catalog.unnest(%s::text[], %s::text[]) WITH ORDINALITY AS t(meta, schema, place)
+FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[]))
+    WITH ORDINALITY AS t(meta, schema, place)
 LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = t.schema
 ORDER BY t.place
 

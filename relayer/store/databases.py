@@ -71,7 +71,24 @@ class DatabaseKey:
     label: str = field(compare=False)
 
 
+# Keys found, by the id of the settings (kept beside, so that the id is not reused meanwhile):
+# a worker serving hundreds of stores plans its connections again as each joins or leaves.
+_KEYS: dict[int, tuple[StoreSettings, DatabaseKey]] = {}
+KEYS_KEPT = 4096
+
+
 def database_key(store: StoreSettings) -> DatabaseKey:
+    found = _KEYS.get(id(store))
+    if found is not None and found[0] is store:
+        return found[1]
+    key = _database_key(store)
+    if len(_KEYS) >= KEYS_KEPT:
+        del _KEYS[next(iter(_KEYS))]  # the oldest entry
+    _KEYS[id(store)] = (store, key)
+    return key
+
+
+def _database_key(store: StoreSettings) -> DatabaseKey:
     options = tuple(sorted(batch_settings(store).items())) if store.pooler == "none" else ()
     listen = _parameters(store.listen_dsn) if store.listen_dsn else None
     return DatabaseKey(
