@@ -73,6 +73,12 @@ class JoinBatches:
         # Batches sent, and the stores they checked (read by tests and diagnostics).
         self.batches = 0
         self.checked = 0
+        self.sending = 0  # stores in the batch under way
+
+    @property
+    def queued(self) -> int:
+        """Stores waiting for the next batch."""
+        return len(self._waiting)
 
     async def check(self, store: RelayStore) -> bool:
         """Check ``store``'s schema and make its lane rows, with the other stores of the
@@ -103,6 +109,7 @@ class JoinBatches:
     async def _send(self, batch: list[tuple[RelayStore, asyncio.Future[bool]]]) -> None:
         stores = [store for store, _ in batch]
         outcomes: list[Outcome]
+        self.sending = len(stores)
         try:
             async with self._connection(stores[0].store) as conn:
                 outcomes = await check_stores(conn, stores)
@@ -114,6 +121,8 @@ class JoinBatches:
                 exc,
             )
             outcomes = [False] * len(stores)
+        finally:
+            self.sending = 0
         self.batches += 1
         self.checked += len(stores)
         for (_, future), outcome in zip(batch, outcomes, strict=True):
