@@ -170,11 +170,17 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.template.encode("utf-8")).hexdigest()[:16]
+        return _checksum(self.template)
 
     @property
     def label(self) -> str:
         return f"{self.version:04d}_{self.name}"
+
+
+@cache
+def _checksum(template: str) -> str:
+    # Cached: a worker checks the recorded checksums of every store that joins it.
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]
 
 
 @cache
