@@ -167,6 +167,9 @@ async def expected_catalog(
     """The catalog the migrations up to ``version`` create (built in a transaction rolled
     back, under the pinned search_path, once per database, prefix and version in a process).
     psycopg's InsufficientPrivilege without the TEMPORARY privilege."""
+    found = _EXPECTED.get(_expected_key(conn, names, tables, version))
+    if found is not None:
+        return found
     queries = queries_for(names)
     async with conn.cursor() as cursor, conn.transaction(force_rollback=True):
         await cursor.execute(queries["pin_search_path"])
@@ -229,8 +232,7 @@ async def _expected(
     built once per database, table prefix and version in a process (it does not depend on the
     store's schema), so that a worker checking hundreds of stores before serving them does not
     run every migration again for each (four fifths of a check's time)."""
-    info = conn.info
-    key = (info.host, info.port, info.dbname, info.server_version, names.prefix, version, *tables)
+    key = _expected_key(conn, names, tables, version)
     found = _EXPECTED.get(key)
     if found is None:
         found = await _expected_catalog(conn, cursor, names, tables, version)
@@ -238,6 +240,13 @@ async def _expected(
             del _EXPECTED[next(iter(_EXPECTED))]  # the oldest entry
         _EXPECTED[key] = found
     return found
+
+
+def _expected_key(
+    conn: Connection, names: StoreNames, tables: Sequence[str], version: int
+) -> tuple[object, ...]:
+    info = conn.info
+    return (info.host, info.port, info.dbname, info.server_version, names.prefix, version, *tables)
 
 
 async def _expected_catalog(

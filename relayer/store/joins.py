@@ -20,6 +20,7 @@ read, a lock on them is held past LOCK_TIMEOUT, the connection is lost), its sto
 one, each on its own, as a store joining alone did (``RelayStore.prepare``).
 
 One batch runs at a time per database: the stores that ask while it runs go in the next one.
+A batch is sent once an event-loop turn passed in which no more store asked.
 """
 
 from __future__ import annotations
@@ -93,7 +94,13 @@ class JoinBatches:
 
     async def _run(self) -> None:
         try:
-            await asyncio.sleep(0)  # the stores that ask in this turn go together
+            # The stores that ask in this event-loop turn go together, and those that ask in
+            # the turns after while one more asks in each (stores joining together pass their
+            # dispatch gate one a turn).
+            asked = -1
+            while asked < len(self._waiting) < JOIN_BATCH:
+                asked = len(self._waiting)
+                await asyncio.sleep(0)
             while self._waiting:
                 batch, self._waiting = self._waiting[:JOIN_BATCH], self._waiting[JOIN_BATCH:]
                 batch = [(store, future) for store, future in batch if not future.done()]
