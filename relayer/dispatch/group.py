@@ -146,7 +146,8 @@ class WorkerGroup(Generic[KeyT]):
                 )
             by_name[source.name] = source
         missing = [queue for queue in queues if queue not in by_name]
-        extra = [name for name in by_name if name not in queues]
+        named = set(queues)  # a worker's fleet has hundreds of queues: no scan of a tuple each
+        extra = [name for name in by_name if name not in named]
         if missing or extra:
             raise InvalidDispatchError(
                 f"Worker group {self.name!r}: the policy serves queues {list(queues)} but the "

@@ -40,8 +40,6 @@ logger = logging.getLogger(__name__)
 
 # Each refresh waits discover_interval times a factor from 1 - JITTER to 1 + JITTER.
 JITTER = 0.1
-# Stores of one template joining at once: one slow database does not hold up the others.
-JOINING_AT_ONCE = 8
 
 Reader = Callable[[TemplateSettings], Awaitable[list[Row]]]
 TransportFactory = Callable[[TemplateSettings], Mapping[str, Transport]]
@@ -266,22 +264,23 @@ class Fleet:
     async def _join_all(
         self, template: TemplateSettings, stores: list[DiscoveredStore], report: Refresh
     ) -> None:
-        """Let ``stores`` join, JOINING_AT_ONCE at a time, through the template's transports
-        (held open by the fleet meanwhile, so that a store failing to join never closes them
-        under the others)."""
+        """Let ``stores`` join, all at once, through the template's transports (held open by
+        the fleet meanwhile, so that a store failing to join never closes them under the
+        others). The worker's connection budget bounds what they open: the stores of one
+        database check their schemas together, on one connection (relayer.store.joins), a
+        database the budget has no room for is refused, and one slow database holds up only
+        its own stores."""
         if not stores:
             return
         transports = await self._hold_transports(template)
         if transports is None:
             report.skipped += [store.name for store in stores]
             return
-        gate = asyncio.Semaphore(JOINING_AT_ONCE)
 
         async def join(store: DiscoveredStore) -> None:
-            async with gate:
-                if self._stopping:
-                    raise UsageError("the worker is stopping")
-                await self._join(template, store, transports, report)
+            if self._stopping:
+                raise UsageError("the worker is stopping")
+            await self._join(template, store, transports, report)
 
         joined = await asyncio.gather(*(join(store) for store in stores), return_exceptions=True)
         for outcome in joined:

@@ -164,8 +164,13 @@ class Membership:
 
         Each wait ends at the next multiple of its length on the monotonic clock (never later
         than the length itself), so that the heartbeats of the stores of one database come
-        due together and go in one round trip (relayer.store.housekeeping)."""
+        due together and go in one round trip (relayer.store.housekeeping). A member that
+        joined with a heartbeat (``beat`` before ``run``) sends the next one at the next tick."""
         settled_at = self._clock() + self.interval
+        if self.last_beat is not None:
+            first = next_tick(min(self.interval, JOINING_BEAT), self._clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), first)
         while not stop.is_set():
             delay = self.interval
             if self._clock() < settled_at:

@@ -141,16 +141,19 @@ class StoreRelay:
 
     async def open(self) -> None:
         """Attach to the database's shared connections (the first store of the database
-        reserves them in the worker's budget), check the schema and join the membership with
-        a first heartbeat, both in one transaction. If a step fails, what was taken is given
-        back and the error propagates."""
+        reserves them in the worker's budget), check the schema and make the lane rows, and
+        join the membership with a first heartbeat. Stores of one database joining together
+        do both together: the checks in a few round trips for all (relayer.store.joins), the
+        heartbeats in one (relayer.store.housekeeping). If a step fails, what was taken is
+        given back and the error propagates."""
         try:
             await self.database.attach(self.store)
             self._attached = True
-            # Stores joining together check and beat side by side (Database.joining).
-            async with self.database.joining(self.store) as conn:
-                await self.statements.prepare(conn)
-                await self.membership.beat(conn)
+            if not await self.database.joins.check(self.statements):
+                # The batch could not tell: check alone (the others that could not, beside).
+                async with self.database.joining(self.store) as conn:
+                    await self.statements.prepare(conn)
+            await self.membership.beat()
             self._joined = True
         except BaseException:
             await self.close()

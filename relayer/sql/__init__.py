@@ -121,20 +121,26 @@ def compose(
 
 
 class Queries:
-    """Every named query of one store, composed once and rendered to text."""
+    """Every named query of one store, each composed and rendered to text the first time it is
+    asked for (KeyError for a name no file defines)."""
 
     def __init__(self, names: StoreNames) -> None:
         self.names = names
-        # The store's identifiers made once, not once per query: a worker joining hundreds of
-        # stores composes every store's queries (this took a fifth of a joining worker's CPU).
-        values = identifiers(names)
-        self._rendered = {
-            name: _without_comment_lines(compose(template, names, values).as_string(None))
-            for name, template in raw_queries().items()
-        }
+        # A worker joining hundreds of stores makes every store's Queries, and each store uses
+        # a fraction of them: composing them all up front took a sixth of a joining worker's
+        # CPU. The store's identifiers are made once, not once per query.
+        self._values: dict[str, sql.Composable] | None = None
+        self._rendered: dict[str, LiteralString] = {}
 
     def __getitem__(self, name: str) -> LiteralString:
-        return self._rendered[name]
+        found = self._rendered.get(name)
+        if found is None:
+            template = raw_queries()[name]
+            if self._values is None:
+                self._values = identifiers(self.names)
+            rendered = compose(template, self.names, self._values).as_string(None)
+            found = self._rendered[name] = _without_comment_lines(rendered)
+        return found
 
 
 def _without_comment_lines(statement: str) -> LiteralString:
@@ -164,11 +170,17 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.template.encode("utf-8")).hexdigest()[:16]
+        return _checksum(self.template)
 
     @property
     def label(self) -> str:
         return f"{self.version:04d}_{self.name}"
+
+
+@cache
+def _checksum(template: str) -> str:
+    # Cached: a worker checks the recorded checksums of every store that joins it.
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()[:16]
 
 
 @cache

@@ -43,3 +43,49 @@ WHERE t.relnamespace = %s AND t.relname = ANY(%s)
 SELECT t.relname, pg_catalog.pg_get_constraintdef(k.oid)
 FROM pg_catalog.pg_constraint k JOIN pg_catalog.pg_class t ON t.oid = k.conrelid
 WHERE t.relnamespace = %s AND t.relname = ANY(%s) AND k.contype IN ('c', 'u', 'f')
+
+-- name: join_tables
+-- Stores of one database joining a worker together (relayer.store.joins), one row each, in
+-- order: its metadata table's oid (NULL: never applied) and its schema's oid (NULL: missing).
+-- The first array holds the metadata tables' quoted, qualified names, the second the schemas.
+SELECT pg_catalog.to_regclass(t.meta)::oid, n.oid
+FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[]))
+    WITH ORDINALITY AS t(meta, schema, place)
+LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = t.schema
+ORDER BY t.place
+
+-- name: join_lock_timeout
+-- How long a batch of joining stores waits for a lock on any of their tables before each of
+-- them checks on its own (so that one store's held lock does not hold up the others).
+SELECT pg_catalog.set_config('lock_timeout', %s, true)
+
+-- name: join_meta
+-- One store's part of a UNION ALL of joining stores: its place in the batch (bound), its
+-- recorded lane count and schema version.
+SELECT %s::integer, lanes, schema_version FROM {meta} WHERE singleton
+
+-- name: join_migrations
+-- One store's part of a UNION ALL of joining stores: its place in the batch (bound) and the
+-- migrations recorded, with their checksums.
+SELECT %s::integer, version, checksum FROM {migrations}
+
+-- name: catalog_columns_of
+-- catalog_columns for several schemas at once (their oids), each row with its schema's oid.
+SELECT c.relnamespace, c.relname, a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod),
+       a.attnotnull, coalesce(pg_catalog.pg_get_expr(d.adbin, d.adrelid), '')
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+WHERE c.relnamespace = ANY(%s) AND c.relname = ANY(%s) AND c.relkind IN ('r', 'p')
+
+-- name: catalog_indexes_of
+SELECT t.relnamespace, t.relname, i.relname, pg_catalog.pg_get_indexdef(i.oid)
+FROM pg_catalog.pg_index x
+JOIN pg_catalog.pg_class i ON i.oid = x.indexrelid
+JOIN pg_catalog.pg_class t ON t.oid = x.indrelid
+WHERE t.relnamespace = ANY(%s) AND t.relname = ANY(%s)
+
+-- name: catalog_constraints_of
+SELECT t.relnamespace, t.relname, pg_catalog.pg_get_constraintdef(k.oid)
+FROM pg_catalog.pg_constraint k JOIN pg_catalog.pg_class t ON t.oid = k.conrelid
+WHERE t.relnamespace = ANY(%s) AND t.relname = ANY(%s) AND k.contype IN ('c', 'u', 'f')

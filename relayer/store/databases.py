@@ -43,6 +43,7 @@ from relayer.store.connections import Session, batch_settings, can_listen
 from relayer.store.driver import Connection, connect
 from relayer.store.housekeeping import Housekeeping
 from relayer.store.idle import IdleWatch
+from relayer.store.joins import JoinBatches
 from relayer.store.listener import SharedListener
 from relayer.store.severance import Severance
 
@@ -70,7 +71,24 @@ class DatabaseKey:
     label: str = field(compare=False)
 
 
+# Keys found, by the id of the settings (kept beside, so that the id is not reused meanwhile):
+# a worker serving hundreds of stores plans its connections again as each joins or leaves.
+_KEYS: dict[int, tuple[StoreSettings, DatabaseKey]] = {}
+KEYS_KEPT = 4096
+
+
 def database_key(store: StoreSettings) -> DatabaseKey:
+    found = _KEYS.get(id(store))
+    if found is not None and found[0] is store:
+        return found[1]
+    key = _database_key(store)
+    if len(_KEYS) >= KEYS_KEPT:
+        del _KEYS[next(iter(_KEYS))]  # the oldest entry
+    _KEYS[id(store)] = (store, key)
+    return key
+
+
+def _database_key(store: StoreSettings) -> DatabaseKey:
     options = tuple(sorted(batch_settings(store).items())) if store.pooler == "none" else ()
     listen = _parameters(store.listen_dsn) if store.listen_dsn else None
     return DatabaseKey(
@@ -188,6 +206,8 @@ class Database:
         )
         # Idle stores polled together.
         self.idle = IdleWatch(self.housekeeping, prepare=store.pooler != "transaction")
+        # Stores joining together check their schemas together.
+        self.joins = JoinBatches(self.joining)
         self.listener = (
             SharedListener(
                 store,
@@ -257,19 +277,20 @@ class Database:
 
     @asynccontextmanager
     async def joining(self, store: StoreSettings) -> AsyncIterator[Connection]:
-        """A connection for ``store``'s join (its schema check and first heartbeat), committed
-        at the end: a batch connection when the pool has one free at once, so that stores
-        joining together do not take turns on the housekeeping connection (each join holds
-        a unit of the budget for a few statements), else the housekeeping connection."""
+        """A connection for the schema check of stores joining (a batch of them,
+        relayer.store.joins, or ``store`` alone), committed at the end: a batch connection
+        when the pool has one free at once, so that a long check does not hold up the
+        heartbeats on the housekeeping connection (and checks alone go side by side), else
+        the housekeeping connection."""
         pool = self.pool.for_store(store)
         if pool.available() > 0:
-            async with pool.connection("join: check the schema and heartbeat", wait=0) as conn:
+            async with pool.connection("join: check the schema", wait=0) as conn:
                 yield conn
                 await conn.commit()
             return
         session = self.housekeeping.for_store(store)
-        async with session.connection("join: check the schema and heartbeat", urgent=True) as c:
-            yield c
+        async with session.connection("join: check the schema", urgent=True) as conn:
+            yield conn
 
     async def detach(self, store: StoreSettings) -> None:
         """``store`` is done with them; the last one out closes them."""
@@ -282,6 +303,7 @@ class Database:
             return
         await self.batched.close()
         await self.idle.close()
+        await self.joins.close()
         await self.housekeeping.close()
         await self.pool.close()
         self._unreserve()

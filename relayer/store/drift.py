@@ -41,13 +41,15 @@ class Drift:
 
 
 @dataclass(frozen=True, slots=True)
-class _Catalog:
+class Catalog:
+    """Tables' columns, indexes and constraints, by table name."""
+
     columns: dict[str, dict[str, tuple[str, bool, str]]]
     indexes: dict[str, dict[str, str]]
     constraints: dict[str, set[str]]
 
 
-_EXPECTED: dict[tuple[object, ...], _Catalog] = {}  # by database, prefix, version, tables
+_EXPECTED: dict[tuple[object, ...], Catalog] = {}  # by database, prefix, version, tables
 
 
 async def check(conn: Connection, store: StoreSettings) -> list[Drift]:
@@ -75,13 +77,7 @@ async def check(conn: Connection, store: StoreSettings) -> list[Drift]:
         drift.append(Drift("lanes", f"recorded {meta.lanes}, configured {store.lanes}"))
     try:
         cursor = await conn.execute(queries["applied_migrations"])
-        recorded = {int(row[0]): str(row[2]) for row in await cursor.fetchall()}
-        for migration in migrations():
-            checksum = recorded.get(migration.version)
-            if checksum is not None and checksum != migration.checksum:
-                drift.append(
-                    Drift(f"migration {migration.label}", "its text changed since it was applied")
-                )
+        drift += checksum_drift({int(row[0]): str(row[2]) for row in await cursor.fetchall()})
         drift.extend(await _compare_catalogs(conn, store, meta.schema_version))
     except psycopg.errors.InsufficientPrivilege as exc:
         raise MissingPrivilegeError(
@@ -102,14 +98,28 @@ async def require_meta(conn: Connection, store: StoreSettings) -> StoreMeta:
         except MissingPrivilegeError:
             return meta  # the comparison needs TEMP; `relayer schema check` run by the owner can
         if drift:
-            shown = "; ".join(str(item) for item in drift[:3])
-            more = f"; and {len(drift) - 3} more" if len(drift) > 3 else ""
-            raise SchemaDriftError(
-                f"store {store.name!r}: its tables differ from schema version {latest_version()} "
-                f"({shown}{more}); restore them as `relayer schema print {store.name}` shows, "
-                f"until `relayer schema check {store.name}` passes"
-            )
+            raise drift_error(store, drift)
     return meta
+
+
+def checksum_drift(recorded: dict[int, str]) -> list[Drift]:
+    """The applied migrations (version -> checksum, as recorded) whose text changed since."""
+    return [
+        Drift(f"migration {migration.label}", "its text changed since it was applied")
+        for migration in migrations()
+        if recorded.get(migration.version, migration.checksum) != migration.checksum
+    ]
+
+
+def drift_error(store: StoreSettings, drift: Sequence[Drift]) -> SchemaDriftError:
+    """Why a worker refuses ``store``, whose tables differ from this version's (``drift``)."""
+    shown = "; ".join(str(item) for item in drift[:3])
+    more = f"; and {len(drift) - 3} more" if len(drift) > 3 else ""
+    return SchemaDriftError(
+        f"store {store.name!r}: its tables differ from schema version {latest_version()} "
+        f"({shown}{more}); restore them as `relayer schema print {store.name}` shows, "
+        f"until `relayer schema check {store.name}` passes"
+    )
 
 
 async def _compare_catalogs(
@@ -117,7 +127,7 @@ async def _compare_catalogs(
 ) -> list[Drift]:
     names = store.names
     queries = queries_for(names)
-    tables = [names.table(role) for role in TABLE_SUFFIXES if role != "migrations"]
+    tables = checked_tables(names)
     # Both catalogs are read under the pinned search_path: pg_get_expr shows a function
     # qualified or not depending on it, and the expected tables must bind what apply binds.
     async with conn.cursor() as cursor, conn.transaction(force_rollback=True):
@@ -131,6 +141,11 @@ async def _compare_catalogs(
             expected = await _expected(conn, cursor, names, tables, live_version)
         except psycopg.errors.InsufficientPrivilege as exc:
             raise _without_temporary(conn, store) from exc
+    return catalog_drift(names, expected, live)
+
+
+def catalog_drift(names: StoreNames, expected: Catalog, live: Catalog) -> list[Drift]:
+    """What differs between the store's tables (``live``) and what the migrations create."""
     drift: list[Drift] = []
     for table in sorted(set(expected.columns) | set(live.columns)):
         subject = f"{names.schema}.{table}"
@@ -141,7 +156,32 @@ async def _compare_catalogs(
     return drift
 
 
-def _differences(table: str, expected: _Catalog, live: _Catalog) -> list[str]:
+def checked_tables(names: StoreNames) -> list[str]:
+    """The store's tables the drift check compares (its migrations table aside)."""
+    return [names.table(role) for role in TABLE_SUFFIXES if role != "migrations"]
+
+
+async def expected_catalog(
+    conn: Connection, names: StoreNames, tables: Sequence[str], version: int
+) -> Catalog:
+    """The catalog the migrations up to ``version`` create (built in a transaction rolled
+    back, under the pinned search_path, once per database, prefix and version in a process).
+    psycopg's InsufficientPrivilege without the TEMPORARY privilege."""
+    found = _EXPECTED.get(_expected_key(conn, names, tables, version))
+    if found is not None:
+        return found
+    queries = queries_for(names)
+    async with conn.cursor() as cursor, conn.transaction(force_rollback=True):
+        await cursor.execute(queries["pin_search_path"])
+        return await _expected(conn, cursor, names, tables, version)
+
+
+def index_definition(definition: str) -> str:
+    """An index's definition as compared: without its table's schema."""
+    return _QUALIFIER.sub(r" ON \1", definition)
+
+
+def _differences(table: str, expected: Catalog, live: Catalog) -> list[str]:
     """What differs in ``table`` (in both catalogs) from what the migrations create."""
     found: list[str] = []
     for column, shape in expected.columns[table].items():
@@ -165,7 +205,7 @@ def _differences(table: str, expected: _Catalog, live: _Catalog) -> list[str]:
 
 async def _introspect(
     cursor: psycopg.AsyncCursor[Any], queries: Queries, namespace: int, tables: Sequence[str]
-) -> _Catalog:
+) -> Catalog:
     columns: dict[str, dict[str, tuple[str, bool, str]]] = {}
     indexes: dict[str, dict[str, str]] = {}
     constraints: dict[str, set[str]] = {}
@@ -174,11 +214,11 @@ async def _introspect(
         columns.setdefault(table, {})[column] = (type_name, not_null, default)
     await cursor.execute(queries["catalog_indexes"], (namespace, list(tables)))
     for table, index, definition in await cursor.fetchall():
-        indexes.setdefault(table, {})[index] = _QUALIFIER.sub(r" ON \1", definition)
+        indexes.setdefault(table, {})[index] = index_definition(definition)
     await cursor.execute(queries["catalog_constraints"], (namespace, list(tables)))
     for table, definition in await cursor.fetchall():
         constraints.setdefault(table, set()).add(definition)
-    return _Catalog(columns, indexes, constraints)
+    return Catalog(columns, indexes, constraints)
 
 
 async def _expected(
@@ -187,13 +227,12 @@ async def _expected(
     names: StoreNames,
     tables: Sequence[str],
     version: int,
-) -> _Catalog:
+) -> Catalog:
     """The catalog the migrations up to ``version`` create, as read on ``conn``'s database:
     built once per database, table prefix and version in a process (it does not depend on the
     store's schema), so that a worker checking hundreds of stores before serving them does not
     run every migration again for each (four fifths of a check's time)."""
-    info = conn.info
-    key = (info.host, info.port, info.dbname, info.server_version, names.prefix, version, *tables)
+    key = _expected_key(conn, names, tables, version)
     found = _EXPECTED.get(key)
     if found is None:
         found = await _expected_catalog(conn, cursor, names, tables, version)
@@ -203,13 +242,20 @@ async def _expected(
     return found
 
 
+def _expected_key(
+    conn: Connection, names: StoreNames, tables: Sequence[str], version: int
+) -> tuple[object, ...]:
+    info = conn.info
+    return (info.host, info.port, info.dbname, info.server_version, names.prefix, version, *tables)
+
+
 async def _expected_catalog(
     conn: Connection,
     cursor: psycopg.AsyncCursor[Any],
     names: StoreNames,
     tables: Sequence[str],
     version: int,
-) -> _Catalog:
+) -> Catalog:
     temp = StoreNames(_TEMP, names.prefix)
     queries = queries_for(names)
     async with conn.transaction(force_rollback=True):

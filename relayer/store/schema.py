@@ -35,12 +35,15 @@ class ApplyResult:
     lanes_changed_from: int | None = None
 
 
+def meta_table(names: StoreNames) -> str:
+    """The store's metadata table as to_regclass reads it: quoted and qualified."""
+    return f'"{names.schema}"."{names.table("meta")}"'
+
+
 async def read_meta(conn: Connection, names: StoreNames) -> StoreMeta | None:
     """The store's recorded lane count and schema version, or None if it was never applied."""
     queries = queries_for(names)
-    cursor = await conn.execute(
-        queries["table_exists"], (f'"{names.schema}"."{names.table("meta")}"',)
-    )
+    cursor = await conn.execute(queries["table_exists"], (meta_table(names),))
     row = await cursor.fetchone()
     if not row or not row[0]:
         return None
