@@ -21,6 +21,7 @@ from relayer.identifiers import TABLE_SUFFIXES, StoreNames
 from relayer.settings import StoreSettings
 from relayer.sql import Queries, compose, latest_version, migrations, queries_for
 from relayer.store.driver import Connection
+from relayer.store.partitions import check_storage, storage_of
 from relayer.store.schema import StoreMeta, read_meta, verify_meta
 
 _TEMP = "pg_temp"
@@ -96,6 +97,7 @@ async def require_meta(conn: Connection, store: StoreSettings) -> StoreMeta:
     schema, a lane-count mismatch, and tables that drifted from this version's migrations
     (what ``relayer schema check`` lists) instead of failing on them batch after batch."""
     meta = verify_meta(store, await read_meta(conn, store.names))
+    check_storage(store, await storage_of(conn, store))
     if meta.schema_version == latest_version():  # a newer schema is the newer relayer's to check
         try:
             drift = await check(conn, store)
@@ -174,7 +176,8 @@ async def _introspect(
         columns.setdefault(table, {})[column] = (type_name, not_null, default)
     await cursor.execute(queries["catalog_indexes"], (namespace, list(tables)))
     for table, index, definition in await cursor.fetchall():
-        indexes.setdefault(table, {})[index] = _QUALIFIER.sub(r" ON \1", definition)
+        # ON ONLY: the index of a partitioned outbox (partitioned storage), the same index.
+        indexes.setdefault(table, {})[index] = _QUALIFIER.sub(" ON ", definition)
     await cursor.execute(queries["catalog_constraints"], (namespace, list(tables)))
     for table, definition in await cursor.fetchall():
         constraints.setdefault(table, set()).add(definition)

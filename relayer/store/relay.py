@@ -32,6 +32,20 @@ from relayer.transports.base import OutboundBatch
 FENCE_MARK = "relayer-fence: "
 
 
+# The statements a partitioned store runs in place of delete mode's (relayer/sql/partitioned.sql
+# has each under the name prefixed with "partitioned_").
+PARTITIONED_QUERIES = frozenset(
+    ("probe", "probe_share", "read_batch", "record_outcomes", "holds_rows")
+)
+
+
+def query_name(store: StoreSettings, name: str) -> str:
+    """The named query ``store`` runs for ``name``: its storage mode's."""
+    if store.storage == "partitioned" and name in PARTITIONED_QUERIES:
+        return "partitioned_" + name
+    return name
+
+
 class LaneHead(NamedTuple):
     """What a probe learned about one lane, without taking any lock. A named tuple built
     straight from the probe's row (its columns are these fields, in order, as these types):
@@ -126,9 +140,13 @@ class RelayStore:
         # A batch's statements go through relayer.store.wire; prepared on the server unless a
         # transaction pooler could hand the next transaction another server connection.
         self.wired = {
-            name: wire.Statement(name, self.queries[name])
+            name: wire.Statement(name, self.queries[query_name(store, name)])
             for name in ("set_local", "lock_lanes", "read_batch", "record_outcomes")
         }
+        self.probe_query = self.queries[query_name(store, "probe")]
+        self.probe_share_query = self.queries[query_name(store, "probe_share")]
+        # An expression: one column of the idle watch's SELECT (``holds_rows``).
+        self.holds_rows_query = self.queries[query_name(store, "holds_rows")]
         self.prepare_batches = store.pooler != "transaction"
 
     async def prepare(self, conn: Connection) -> None:
@@ -139,6 +157,10 @@ class RelayStore:
         with translated(self.store, "check the schema"):
             await require_meta(conn, self.store)
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
+            if self.store.storage == "partitioned":
+                await conn.execute(
+                    self.queries["partitioned_ensure_progress_rows"], {"lanes": self.store.lanes}
+                )
             await conn.commit()
 
     async def heartbeat(
@@ -173,7 +195,7 @@ class RelayStore:
     async def probe(self, conn: Connection, lanes: Sequence[int]) -> list[LaneHead]:
         """Each of ``lanes``' head."""
         with translated(self.store, "probe lanes"):
-            cursor = await conn.execute(self.queries["probe"], {"lanes": wire.text_list(lanes)})
+            cursor = await conn.execute(self.probe_query, {"lanes": wire.text_list(lanes)})
             return _heads(await cursor.fetchall())
 
     async def probe_share(
@@ -199,7 +221,7 @@ class RelayStore:
             "end": lanes.stop,
         }
         with translated(self.store, "probe the share"):
-            cursor = await conn.execute(self.queries["probe_share"], params)
+            cursor = await conn.execute(self.probe_share_query, params)
             return _heads(await cursor.fetchall())
 
     async def lock_and_read(
@@ -375,7 +397,7 @@ async def holds_rows(
         for start in range(0, len(stores), HOLDS_ROWS_PER_STATEMENT):
             part = stores[start : start + HOLDS_ROWS_PER_STATEMENT]
             # Each column is a rendered named query (identifiers composed, no parameter).
-            statement = "SELECT " + ", ".join(store.queries["holds_rows"] for store in part)
+            statement = "SELECT " + ", ".join(store.holds_rows_query for store in part)
             cursor = await conn.execute(statement, prepare=prepare)
             row = await cursor.fetchone()
             assert row is not None

@@ -1,0 +1,241 @@
+-- Partitioned storage (storage = "partitioned", docs/storage.md): the outbox is partitioned by
+-- range of id, sent rows stay where they are and each lane's progress (the progress table's
+-- done_id) advances past them; rows a lane passes without finishing them (a parked key's
+-- rows, a failed row that will be retried, the rows after a batch's last outcome that were
+-- read but not confirmed) are copied into the held table, deleted from it once sent. A lane's
+-- pending rows: its held rows, and its outbox rows above its progress, in id order (per key
+-- the same order as in delete mode: a key's held rows are all older than its rows above the
+-- progress). Partitions every lane has passed are detached and dropped
+-- (relayer.store.partitions). Statements here replace relay.sql's of the same name without
+-- the "partitioned_" prefix (relayer.store.relay.RelayStore).
+
+-- name: partitioned_create_tables
+-- A new partitioned store: the outbox migration 0001 made is replaced by a partitioned one of
+-- the same columns (no DEFAULT partition: DETACH CONCURRENTLY refuses to run beside one), and
+-- the progress and held tables are added. Runs inside apply's transaction, search_path pinned.
+DROP TABLE {outbox};
+CREATE TABLE {outbox} (
+    id uuid NOT NULL,
+    lane integer NOT NULL CHECK (lane >= -1),
+    ordering_key text,
+    transport text,
+    destination text NOT NULL,
+    body bytea NOT NULL,
+    headers jsonb NOT NULL DEFAULT '{{}}'::jsonb,
+    deliver_at timestamptz,
+    attempts integer NOT NULL DEFAULT 0,
+    last_error text,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    CHECK ((lane = -1) = (ordering_key IS NULL)),
+    -- Unordered rows (lane -1) have no completion record in this mode yet: refused.
+    CONSTRAINT partitioned_ordered_only CHECK (lane >= 0),
+    PRIMARY KEY (lane, id)
+) PARTITION BY RANGE (id);
+CREATE TABLE {progress} (
+    lane integer PRIMARY KEY CHECK (lane >= 0),
+    -- Every row of the lane up to this id is sent, dropped, or copied into the held table.
+    done_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000',
+    updated_at timestamptz NOT NULL DEFAULT now()
+) WITH (fillfactor = 50);
+CREATE TABLE {held} (
+    LIKE {outbox} INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
+    PRIMARY KEY (lane, id)
+)
+
+-- name: partitioned_storage_of
+-- The outbox's kind: 'p' partitioned, 'r' a plain table (delete mode), no row: missing.
+SELECT c.relkind::text FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relname = %(table)s
+
+-- name: partitioned_ensure_progress_rows
+INSERT INTO {progress} (lane)
+SELECT lane FROM pg_catalog.generate_series(0, %(lanes)s - 1) AS lane
+ON CONFLICT (lane) DO NOTHING
+
+-- name: partitioned_list_partitions
+-- The outbox's partitions: name, bound expression, and whether a DETACH CONCURRENTLY of it
+-- was interrupted (it must be finished with DETACH ... FINALIZE).
+SELECT c.relname::text, pg_catalog.pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending
+FROM pg_catalog.pg_inherits AS i
+JOIN pg_catalog.pg_class AS c ON c.oid = i.inhrelid
+WHERE i.inhparent = %(parent)s::regclass
+
+-- name: partitioned_low_water
+-- The lowest progress of any lane: a partition whose upper bound is at or below it holds no
+-- row a lane still needs (what a lane passed unfinished is in the held table). Unordered rows
+-- (lane -1) are refused in this mode, so no row of lane -1 pins a partition.
+SELECT done_id::text FROM {progress} ORDER BY done_id LIMIT 1
+
+-- name: _pending_rows
+-- A fragment: the pending rows of lane l.lane whose progress row is g, in id order, skipping
+-- keys parked and not yet due (as relay.sql's _sendable_rows): its held rows, then its outbox
+-- rows above g.done_id. g.done_id is a parameter of the nested loop, so partitions wholly
+-- below it are pruned at each rescan.
+FROM (
+    SELECT h.* FROM {held} AS h WHERE h.lane = l.lane
+    UNION ALL
+    SELECT m.* FROM {outbox} AS m WHERE m.lane = l.lane AND m.id > g.done_id
+) AS o
+    WHERE o.ordering_key NOT IN (
+          SELECT p.ordering_key FROM {parked} AS p
+          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now())
+      )
+    ORDER BY o.id
+
+-- name: partitioned_holds_rows
+-- An expression (as relay.sql's holds_rows): whether any lane holds a pending row.
+(EXISTS (SELECT 1 FROM {held} AS h WHERE h.lane >= 0)
+ OR EXISTS (SELECT 1 FROM {progress} AS g
+            WHERE EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.lane = g.lane AND o.id > g.done_id)))
+
+-- name: partitioned_probe
+{_head_columns}
+FROM pg_catalog.unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]) AS l(lane)
+JOIN {progress} AS g ON g.lane = l.lane
+LEFT JOIN LATERAL (
+    SELECT o.id, o.deliver_at
+    {_pending_rows}
+    LIMIT 1
+) AS h ON true
+LEFT JOIN {leases} AS s ON s.lane = l.lane
+
+-- name: partitioned_probe_share
+-- The heads of a member's share (as relay.sql's probe_share), lane by lane through the
+-- progress table: a loose index scan of the outbox would walk each lane's passed rows.
+{_head_columns}
+FROM {progress} AS g
+CROSS JOIN LATERAL (SELECT g.lane) AS l
+JOIN LATERAL (
+    SELECT o.id, o.deliver_at
+    {_pending_rows}
+    LIMIT 1
+) AS h ON true
+LEFT JOIN {leases} AS s ON s.lane = l.lane
+WHERE %(rank)s >= 0 AND g.lane >= %(first)s AND g.lane < %(end)s
+  AND g.lane %% %(members)s = %(rank)s
+  AND CASE WHEN g.lane < 8 * pg_catalog.octet_length(%(skip)s::bytea)
+           THEN pg_catalog.get_bit(%(skip)s::bytea, g.lane) = 0
+           ELSE true END
+
+-- name: partitioned_read_batch
+-- As relay.sql's read_batch, over the lane's pending rows.
+SELECT l.lane, o.id::text, o.ordering_key, o.transport, o.destination, o.body,
+       nullif(o.headers::text, '{{}}'),
+       coalesce(o.deliver_at > pg_catalog.now(), false) AS future
+FROM pg_catalog.unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]) AS l(lane)
+JOIN {leases} AS s ON s.lane = l.lane AND s.owner = %(member)s AND s.expires_at > pg_catalog.now()
+JOIN {progress} AS g ON g.lane = l.lane
+CROSS JOIN LATERAL (
+    SELECT o.*
+    {_pending_rows}
+    LIMIT %(limit)s
+) AS o
+
+-- name: partitioned_record_outcomes
+-- As relay.sql's record_outcomes, fenced the same way, without deleting from the outbox: each
+-- lane's progress advances to its batch's last row with an outcome (acknowledged or failed);
+-- the lane's outbox rows it passes that were not acknowledged (failed rows, with the attempt
+-- counted; rows of parked keys the read skipped; rows read but not confirmed) are copied into
+-- the held table; acknowledged held rows are deleted from it. Parking and unparking as in
+-- delete mode. Returns what record_outcomes returns.
+WITH fence AS (
+    SELECT s.lane FROM {leases} AS s
+    JOIN ROWS FROM (pg_catalog.unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]),
+                    pg_catalog.unnest(pg_catalog.string_to_array(%(tokens)s, ',')::uuid[]))
+        AS t(lane, token)
+        ON s.lane = t.lane AND s.token = t.token
+    WHERE s.owner = %(member)s
+), acked AS (
+    SELECT * FROM ROWS FROM (
+        pg_catalog.unnest(pg_catalog.string_to_array(%(acked_lanes)s, ',')::int4[]),
+        pg_catalog.unnest(pg_catalog.string_to_array(%(acked)s, ',')::uuid[])
+    ) AS a(lane, id)
+    WHERE a.lane IN (SELECT lane FROM fence)
+), failure AS (
+    SELECT * FROM pg_catalog.jsonb_to_recordset(%(failures)s::jsonb)
+        AS f(lane int4, id uuid, error text, permanent bool)
+    WHERE f.lane IN (SELECT lane FROM fence)
+), reach AS MATERIALIZED (
+    -- Per fenced lane with an outcome: its progress before, and the last id with an outcome
+    -- (PostgreSQL has no max(uuid) before 17; a UUID's text sorts as the UUID does).
+    SELECT g.lane, g.done_id AS old_id,
+           greatest(g.done_id, pg_catalog.max(x.id::text)::uuid) AS new_id
+    FROM {progress} AS g
+    JOIN (SELECT lane, id FROM acked UNION ALL SELECT lane, id FROM failure) AS x
+        ON x.lane = g.lane
+    GROUP BY g.lane, g.done_id
+), advanced AS (
+    UPDATE {progress} AS g SET done_id = reach.new_id, updated_at = pg_catalog.now()
+    FROM reach
+    WHERE g.lane = reach.lane AND reach.new_id > reach.old_id
+    RETURNING g.lane
+), moved AS (
+    INSERT INTO {held} (id, lane, ordering_key, transport, destination, body, headers,
+                        deliver_at, attempts, last_error, created_at)
+    SELECT o.id, o.lane, o.ordering_key, o.transport, o.destination, o.body, o.headers,
+           o.deliver_at, o.attempts + (failure.id IS NOT NULL)::int4,
+           coalesce(failure.error, o.last_error), o.created_at
+    FROM reach
+    JOIN {outbox} AS o ON o.lane = reach.lane AND o.id > reach.old_id AND o.id <= reach.new_id
+    LEFT JOIN failure ON failure.lane = o.lane AND failure.id = o.id
+    WHERE NOT EXISTS (SELECT FROM acked WHERE acked.lane = o.lane AND acked.id = o.id)
+    RETURNING id, lane, ordering_key, attempts
+), sent_main AS (
+    SELECT o.id FROM acked
+    JOIN reach ON reach.lane = acked.lane
+    JOIN {outbox} AS o ON o.lane = acked.lane AND o.id = acked.id AND o.id > reach.old_id
+), sent_held AS (
+    DELETE FROM {held} AS o
+    USING acked
+    WHERE o.lane = acked.lane AND o.id = acked.id
+    RETURNING o.id
+), counted_held AS (
+    UPDATE {held} AS o
+    SET attempts = o.attempts + 1, last_error = failure.error
+    FROM failure
+    WHERE o.lane = failure.lane AND o.id = failure.id
+    RETURNING o.id, o.lane, o.ordering_key, o.attempts, failure.error, failure.permanent
+), counted AS (
+    SELECT * FROM counted_held
+    UNION ALL
+    SELECT m.id, m.lane, m.ordering_key, m.attempts, failure.error, failure.permanent
+    FROM moved AS m JOIN failure ON failure.lane = m.lane AND failure.id = m.id
+), parked AS (
+    INSERT INTO {parked} AS p (ordering_key, lane, head_id, attempts, last_error, retry_at)
+    SELECT ordering_key, lane, id, attempts, error,
+           CASE WHEN permanent OR attempts >= %(max_attempts)s THEN NULL
+                ELSE pg_catalog.now() + least(%(backoff)s * pg_catalog.power(2, least(attempts - 1, 20)), %(backoff_max)s)
+           END
+    FROM counted
+    ON CONFLICT (ordering_key) DO UPDATE
+        SET head_id = EXCLUDED.head_id, attempts = EXCLUDED.attempts,
+            last_error = EXCLUDED.last_error, retry_at = EXCLUDED.retry_at, updated_at = pg_catalog.now()
+    RETURNING lane, retry_at IS NULL AS gave_up
+), unparked AS (
+    DELETE FROM {parked}
+    WHERE lane IN (SELECT lane FROM fence) AND head_id IN (SELECT id FROM acked)
+      AND ordering_key NOT IN (SELECT ordering_key FROM counted)
+    RETURNING 1
+), done AS (
+    SELECT (SELECT pg_catalog.count(*) FROM sent_main) + (SELECT pg_catalog.count(*) FROM sent_held)
+        AS sent,
+        (SELECT pg_catalog.count(*) FROM advanced) + (SELECT pg_catalog.count(*) FROM moved) AS touched
+)
+SELECT (SELECT sent FROM done),
+       (SELECT pg_catalog.count(*) FROM counted),
+       (SELECT coalesce(pg_catalog.array_agg(lane), ARRAY[]::int4[]) FROM parked WHERE gave_up),
+       (SELECT pg_catalog.count(*) FROM unparked),
+       -- The fence of relay.sql's record_outcomes: every lane's lease held and every
+       -- acknowledged row found (among the lane's held rows or its rows the progress passed).
+       CASE WHEN (SELECT pg_catalog.count(*) FROM fence) = %(lane_count)s
+                 AND (SELECT sent FROM done) = %(expected)s
+                 AND (SELECT touched FROM done) >= 0
+            THEN 0
+            ELSE ('relayer-fence: lane ' || pg_catalog.replace(%(lanes)s, ',', ', ')
+                  || ': the fenced progress matched ' || (SELECT sent FROM done)
+                  || ' of ' || %(expected)s || ' rows (lease held: '
+                  || CASE WHEN (SELECT pg_catalog.count(*) FROM fence) = %(lane_count)s
+                          THEN 'yes' ELSE 'no' END
+                  || '); rolled back, the rows will be sent again')::int4
+       END
