@@ -68,20 +68,27 @@ WHERE i.inhparent = %(parent)s::regclass
 SELECT done_id::text FROM {progress} ORDER BY done_id LIMIT 1
 
 -- name: _pending_rows
--- A fragment: the pending rows of lane l.lane whose progress row is g, in id order, skipping
--- keys parked and not yet due (as relay.sql's _sendable_rows): its held rows, then its outbox
--- rows above g.done_id. g.done_id is a parameter of the nested loop, so partitions wholly
--- below it are pruned at each rescan.
+-- A fragment: the first %(limit)s pending rows of lane l.lane whose progress row is g, in id
+-- order, skipping keys parked and not yet due (as relay.sql's _sendable_rows): the first of
+-- its held rows and the first of its outbox rows above g.done_id, merged. Each arm is an index
+-- range scan on (lane, id) with its own LIMIT (one UNION ALL under a single ORDER BY made the
+-- planner read and sort a lane's whole backlog); g.done_id is a parameter of the nested
+-- loop, so partitions wholly below it are pruned at each rescan.
 FROM (
-    SELECT h.* FROM {held} AS h WHERE h.lane = l.lane
+    (SELECT h.* FROM {held} AS h
+     WHERE h.lane = l.lane AND h.ordering_key NOT IN (
+         SELECT p.ordering_key FROM {parked} AS p
+         WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now()))
+     ORDER BY h.id LIMIT %(limit)s)
     UNION ALL
-    SELECT m.* FROM {outbox} AS m WHERE m.lane = l.lane AND m.id > g.done_id
+    (SELECT m.* FROM {outbox} AS m
+     WHERE m.lane = l.lane AND m.id > g.done_id AND m.ordering_key NOT IN (
+         SELECT p.ordering_key FROM {parked} AS p
+         WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now()))
+     ORDER BY m.id LIMIT %(limit)s)
 ) AS o
-    WHERE o.ordering_key NOT IN (
-          SELECT p.ordering_key FROM {parked} AS p
-          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now())
-      )
     ORDER BY o.id
+    LIMIT %(limit)s
 
 -- name: partitioned_holds_rows
 -- An expression (as relay.sql's holds_rows): whether any lane holds a pending row.
@@ -96,7 +103,6 @@ JOIN {progress} AS g ON g.lane = l.lane
 LEFT JOIN LATERAL (
     SELECT o.id, o.deliver_at
     {_pending_rows}
-    LIMIT 1
 ) AS h ON true
 LEFT JOIN {leases} AS s ON s.lane = l.lane
 
@@ -109,7 +115,6 @@ CROSS JOIN LATERAL (SELECT g.lane) AS l
 JOIN LATERAL (
     SELECT o.id, o.deliver_at
     {_pending_rows}
-    LIMIT 1
 ) AS h ON true
 LEFT JOIN {leases} AS s ON s.lane = l.lane
 WHERE %(rank)s >= 0 AND g.lane >= %(first)s AND g.lane < %(end)s
@@ -129,7 +134,6 @@ JOIN {progress} AS g ON g.lane = l.lane
 CROSS JOIN LATERAL (
     SELECT o.*
     {_pending_rows}
-    LIMIT %(limit)s
 ) AS o
 
 -- name: partitioned_record_outcomes

@@ -195,7 +195,9 @@ class RelayStore:
     async def probe(self, conn: Connection, lanes: Sequence[int]) -> list[LaneHead]:
         """Each of ``lanes``' head."""
         with translated(self.store, "probe lanes"):
-            cursor = await conn.execute(self.probe_query, {"lanes": wire.text_list(lanes)})
+            cursor = await conn.execute(
+                self.probe_query, {"lanes": wire.text_list(lanes), "limit": 1}
+            )
             return _heads(await cursor.fetchall())
 
     async def probe_share(
@@ -219,6 +221,7 @@ class RelayStore:
             "skip": lane_bits(skip),
             "first": lanes.start,
             "end": lanes.stop,
+            "limit": 1,  # partitioned storage's head read (one row)
         }
         with translated(self.store, "probe the share"):
             cursor = await conn.execute(self.probe_share_query, params)
