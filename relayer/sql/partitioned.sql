@@ -25,7 +25,7 @@ CREATE TABLE {outbox} (
     deliver_at timestamptz,
     attempts integer NOT NULL DEFAULT 0,
     last_error text,
-    created_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     CHECK ((lane = -1) = (ordering_key IS NULL)),
     -- Unordered rows (lane -1) have no completion record in this mode yet: refused.
     CONSTRAINT partitioned_ordered_only CHECK (lane >= 0),
@@ -35,7 +35,7 @@ CREATE TABLE {progress} (
     lane integer PRIMARY KEY CHECK (lane >= 0),
     -- Every row of the lane up to this id is sent, dropped, or copied into the held table.
     done_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000',
-    updated_at timestamptz NOT NULL DEFAULT now()
+    updated_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 ) WITH (fillfactor = 50);
 CREATE TABLE {held} (
     LIKE {outbox} INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
@@ -62,10 +62,17 @@ JOIN pg_catalog.pg_class AS c ON c.oid = i.inhrelid
 WHERE i.inhparent = %(parent)s::regclass
 
 -- name: partitioned_low_water
--- The lowest progress of any lane: a partition whose upper bound is at or below it holds no
--- row a lane still needs (what a lane passed unfinished is in the held table). Unordered rows
--- (lane -1) are refused in this mode, so no row of lane -1 pins a partition.
-SELECT done_id::text FROM {progress} ORDER BY done_id LIMIT 1
+-- The oldest outbox row any lane still has to pass (its first row above its progress; none:
+-- NULL) and the database clock in Unix milliseconds. A partition whose upper bound is at or
+-- below that row holds nothing a lane still needs (what a lane passed unfinished is in the
+-- held table); an idle lane pins nothing. Unordered rows (lane -1) are refused in this mode.
+SELECT (SELECT h.id::text FROM {progress} AS g
+        CROSS JOIN LATERAL (
+            SELECT o.id FROM {outbox} AS o WHERE o.lane = g.lane AND o.id > g.done_id
+            ORDER BY o.id LIMIT 1
+        ) AS h
+        ORDER BY h.id LIMIT 1),
+       (extract(epoch FROM pg_catalog.now()) * 1000)::int8
 
 -- name: _pending_rows
 -- A fragment: the first %(limit)s pending rows of lane l.lane whose progress row is g, in id
@@ -136,13 +143,9 @@ CROSS JOIN LATERAL (
     {_pending_rows}
 ) AS o
 
--- name: partitioned_record_outcomes
--- As relay.sql's record_outcomes, fenced the same way, without deleting from the outbox: each
--- lane's progress advances to its batch's last row with an outcome (acknowledged or failed);
--- the lane's outbox rows it passes that were not acknowledged (failed rows, with the attempt
--- counted; rows of parked keys the read skipped; rows read but not confirmed) are copied into
--- the held table; acknowledged held rows are deleted from it. Parking and unparking as in
--- delete mode. Returns what record_outcomes returns.
+-- name: _outcome_inputs
+-- A fragment: the fenced lanes (whose lease token still holds), and the acknowledged and
+-- failed rows of those lanes, as relay.sql's record_outcomes reads them.
 WITH fence AS (
     SELECT s.lane FROM {leases} AS s
     JOIN ROWS FROM (pg_catalog.unnest(pg_catalog.string_to_array(%(lanes)s, ',')::int4[]),
@@ -160,9 +163,17 @@ WITH fence AS (
     SELECT * FROM pg_catalog.jsonb_to_recordset(%(failures)s::jsonb)
         AS f(lane int4, id uuid, error text, permanent bool)
     WHERE f.lane IN (SELECT lane FROM fence)
-), reach AS MATERIALIZED (
-    -- Per fenced lane with an outcome: its progress before, and the last id with an outcome
-    -- (PostgreSQL has no max(uuid) before 17; a UUID's text sorts as the UUID does).
+)
+
+-- name: partitioned_advance
+-- The first of the two statements of a batch's outcomes (sent together, with the COMMIT; the
+-- second, partitioned_record_outcomes, refuses to commit unless every lease held): each fenced
+-- lane's progress advances to its batch's last row with an outcome (acknowledged or failed),
+-- and the lane's outbox rows it passes that were not acknowledged (failed rows; rows of parked
+-- keys the read skipped; rows read but not confirmed) are copied into the held table, where
+-- the second statement counts the failures. Nothing is deleted from the outbox.
+{_outcome_inputs}, reach AS MATERIALIZED (
+    -- PostgreSQL has no max(uuid) before 17; a UUID's text sorts as the UUID does.
     SELECT g.lane, g.done_id AS old_id,
            greatest(g.done_id, pg_catalog.max(x.id::text)::uuid) AS new_id
     FROM {progress} AS g
@@ -173,38 +184,32 @@ WITH fence AS (
     UPDATE {progress} AS g SET done_id = reach.new_id, updated_at = pg_catalog.now()
     FROM reach
     WHERE g.lane = reach.lane AND reach.new_id > reach.old_id
-    RETURNING g.lane
-), moved AS (
-    INSERT INTO {held} (id, lane, ordering_key, transport, destination, body, headers,
-                        deliver_at, attempts, last_error, created_at)
-    SELECT o.id, o.lane, o.ordering_key, o.transport, o.destination, o.body, o.headers,
-           o.deliver_at, o.attempts + (failure.id IS NOT NULL)::int4,
-           coalesce(failure.error, o.last_error), o.created_at
-    FROM reach
-    JOIN {outbox} AS o ON o.lane = reach.lane AND o.id > reach.old_id AND o.id <= reach.new_id
-    LEFT JOIN failure ON failure.lane = o.lane AND failure.id = o.id
-    WHERE NOT EXISTS (SELECT FROM acked WHERE acked.lane = o.lane AND acked.id = o.id)
-    RETURNING id, lane, ordering_key, attempts
-), sent_main AS (
-    SELECT o.id FROM acked
-    JOIN reach ON reach.lane = acked.lane
-    JOIN {outbox} AS o ON o.lane = acked.lane AND o.id = acked.id AND o.id > reach.old_id
-), sent_held AS (
-    DELETE FROM {held} AS o
-    USING acked
+)
+INSERT INTO {held}
+SELECT o.* FROM reach
+JOIN {outbox} AS o ON o.lane = reach.lane AND o.id > reach.old_id AND o.id <= reach.new_id
+WHERE NOT EXISTS (SELECT FROM acked WHERE acked.lane = o.lane AND acked.id = o.id)
+
+-- name: partitioned_record_outcomes
+-- The second statement (see partitioned_advance, whose changes it sees): as relay.sql's
+-- record_outcomes, where every failed row is in the held table now and an acknowledged row
+-- is deleted from the held table if it is there (it stays in the outbox, below its lane's
+-- progress, until its partition is dropped). Fenced and returning as record_outcomes.
+{_outcome_inputs}, sent_held AS (
+    DELETE FROM {held} AS o USING acked
     WHERE o.lane = acked.lane AND o.id = acked.id
     RETURNING o.id
-), counted_held AS (
+), sent AS (
+    SELECT (SELECT pg_catalog.count(*) FROM sent_held) + (
+        SELECT pg_catalog.count(*) FROM acked JOIN {outbox} AS o
+            ON o.lane = acked.lane AND o.id = acked.id
+        WHERE NOT EXISTS (SELECT FROM sent_held WHERE sent_held.id = acked.id)) AS n
+), counted AS (
     UPDATE {held} AS o
     SET attempts = o.attempts + 1, last_error = failure.error
     FROM failure
     WHERE o.lane = failure.lane AND o.id = failure.id
     RETURNING o.id, o.lane, o.ordering_key, o.attempts, failure.error, failure.permanent
-), counted AS (
-    SELECT * FROM counted_held
-    UNION ALL
-    SELECT m.id, m.lane, m.ordering_key, m.attempts, failure.error, failure.permanent
-    FROM moved AS m JOIN failure ON failure.lane = m.lane AND failure.id = m.id
 ), parked AS (
     INSERT INTO {parked} AS p (ordering_key, lane, head_id, attempts, last_error, retry_at)
     SELECT ordering_key, lane, id, attempts, error,
@@ -221,23 +226,17 @@ WITH fence AS (
     WHERE lane IN (SELECT lane FROM fence) AND head_id IN (SELECT id FROM acked)
       AND ordering_key NOT IN (SELECT ordering_key FROM counted)
     RETURNING 1
-), done AS (
-    SELECT (SELECT pg_catalog.count(*) FROM sent_main) + (SELECT pg_catalog.count(*) FROM sent_held)
-        AS sent,
-        (SELECT pg_catalog.count(*) FROM advanced) + (SELECT pg_catalog.count(*) FROM moved) AS touched
 )
-SELECT (SELECT sent FROM done),
+SELECT (SELECT n FROM sent),
        (SELECT pg_catalog.count(*) FROM counted),
        (SELECT coalesce(pg_catalog.array_agg(lane), ARRAY[]::int4[]) FROM parked WHERE gave_up),
        (SELECT pg_catalog.count(*) FROM unparked),
-       -- The fence of relay.sql's record_outcomes: every lane's lease held and every
-       -- acknowledged row found (among the lane's held rows or its rows the progress passed).
+       -- relay.sql's fence: every lane's lease held and every acknowledged row found.
        CASE WHEN (SELECT pg_catalog.count(*) FROM fence) = %(lane_count)s
-                 AND (SELECT sent FROM done) = %(expected)s
-                 AND (SELECT touched FROM done) >= 0
+                 AND (SELECT n FROM sent) = %(expected)s
             THEN 0
             ELSE ('relayer-fence: lane ' || pg_catalog.replace(%(lanes)s, ',', ', ')
-                  || ': the fenced progress matched ' || (SELECT sent FROM done)
+                  || ': the fenced progress matched ' || (SELECT n FROM sent)
                   || ' of ' || %(expected)s || ' rows (lease held: '
                   || CASE WHEN (SELECT pg_catalog.count(*) FROM fence) = %(lane_count)s
                           THEN 'yes' ELSE 'no' END

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 from uuid import UUID
 
 import psycopg
@@ -171,49 +172,67 @@ async def _attach(conn: Connection, store: StoreSettings, lower_ms: int | None, 
     return name
 
 
-async def rotate(store: StoreSettings) -> Rotation:
+async def rotate(store: StoreSettings, *, settle: timedelta | None = None) -> Rotation:
     """One rotation of a partitioned store's partitions, on a connection of its own (autocommit,
     through ``admin_dsn`` if set: DETACH CONCURRENTLY cannot run in a transaction block, and
     its lock_timeout is a session setting, which a transaction pooler would not keep).
+
+    A partition goes only once its upper bound is ``settle`` (default: one partition_span)
+    behind the database clock, so none that writers may still be writing into is dropped.
     StoreError for database trouble; a lock not granted in time ends the rotation early
-    (``skipped``), to be tried again at the next one."""
+    (``skipped``, tried again at the next one), and so does another rotation in progress."""
+    if settle is None:
+        settle = store.partition_span
     conn = await connect(store, autocommit=True, purpose="rotate", dsn=store.admin_dsn)
     try:
         await conn.execute(
             sql.SQL("SET lock_timeout = {}").format(sql.Literal(ROTATION_LOCK_TIMEOUT))
         )
-        return await _rotate(conn, store)
+        cursor = await conn.execute(
+            "SELECT pg_catalog.pg_try_advisory_lock(%s)", (_rotation_lock(store),)
+        )
+        locked = await cursor.fetchone()
+        if not (locked and locked[0]):
+            return Rotation(skipped="another rotation of this store is in progress")
+        return await _rotate(conn, store, int(settle.total_seconds() * 1000))
     except psycopg.errors.LockNotAvailable as exc:
         return Rotation(skipped=exc.diag.message_primary or str(exc))
     except psycopg.Error as exc:
         raise StoreError(f"store {store.name!r}: rotate partitions: {exc}") from exc
     finally:
-        await conn.close()
+        await conn.close()  # and with it the session's advisory lock
 
 
-async def _rotate(conn: Connection, store: StoreSettings) -> Rotation:
+def _rotation_lock(store: StoreSettings) -> int:
+    """The advisory-lock key of ``store``'s rotation (the schema lock's, one bit flipped)."""
+    return store.names.lock_key ^ (1 << 62)
+
+
+async def _rotate(conn: Connection, store: StoreSettings, settle_ms: int) -> Rotation:
     names = store.names
-    outbox = compose("ALTER TABLE {outbox} DETACH PARTITION ", names)
+    detach = compose("ALTER TABLE {outbox} DETACH PARTITION ", names)
     finalized: list[str] = []
     for partition in await list_partitions(conn, store):
         if partition.detach_pending:  # a DETACH CONCURRENTLY that did not finish
             table = sql.Identifier(names.schema, partition.name)
-            await conn.execute(outbox + sql.SQL("{} FINALIZE").format(table))
+            await conn.execute(detach + sql.SQL("{} FINALIZE").format(table))
             await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
             finalized.append(partition.name)
     async with conn.transaction():
         created = await ensure_partitions(conn, store)
     cursor = await conn.execute(queries_for(names)["partitioned_low_water"])
     row = await cursor.fetchone()
-    low = UUID(row[0]) if row and row[0] else None
+    assert row is not None
+    limit = uuid_at(int(row[1]) - settle_ms)
+    if row[0] is not None:
+        limit = min(limit, UUID(row[0]))
     dropped: list[str] = []
-    partitions = await list_partitions(conn, store)
     # The highest partition stays, whatever the progress: writers always find one.
-    for partition in partitions[:-1]:
-        if low is None or partition.upper > low:
+    for partition in (await list_partitions(conn, store))[:-1]:
+        if partition.upper > limit:
             break
         table = sql.Identifier(names.schema, partition.name)
-        await conn.execute(outbox + sql.SQL("{} CONCURRENTLY").format(table))
+        await conn.execute(detach + sql.SQL("{} CONCURRENTLY").format(table))
         await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
         dropped.append(partition.name)
     return Rotation(tuple(created), tuple(dropped), tuple(finalized))

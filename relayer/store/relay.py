@@ -143,6 +143,9 @@ class RelayStore:
             name: wire.Statement(name, self.queries[query_name(store, name)])
             for name in ("set_local", "lock_lanes", "read_batch", "record_outcomes")
         }
+        if store.storage == "partitioned":
+            # Sent with the outcome statement, ahead of it (relayer/sql/partitioned.sql).
+            self.wired["advance"] = wire.Statement("advance", self.queries["partitioned_advance"])
         self.probe_query = self.queries[query_name(store, "probe")]
         self.probe_share_query = self.queries[query_name(store, "probe_share")]
         # An expression: one column of the idle watch's SELECT (``holds_rows``).
@@ -302,7 +305,8 @@ class RelayStore:
         failures: Sequence[RowFailure],
     ) -> Outcomes:
         """Delete acknowledged rows (ids as UUID text, with their lanes), park failed keys and
-        commit, in one round trip.
+        commit, in one round trip (partitioned storage: advance each lane's progress instead,
+        copying the rows it passes unfinished into the held table, relayer/sql/partitioned.sql).
 
         Fenced by the lease token (UUID text) of every lane in ``tokens``: if a lease did not
         hold or a row was not there to delete, the statement raises FencedWriteError and
@@ -334,14 +338,12 @@ class RelayStore:
             "backoff_max": self.store.retry_backoff_max,
             "expected": len(acked),
         }
+        commands = [wire.Command(self.wired["record_outcomes"], params)]
+        if "advance" in self.wired:  # partitioned storage: progress first, then the outcomes
+            commands.insert(0, wire.Command(self.wired["advance"], params))
         try:
-            results = await wire.run(
-                conn,
-                [wire.Command(self.wired["record_outcomes"], params)],
-                commit=True,
-                prepare=self.prepare_batches,
-            )
-            [row] = results.rows(0)
+            results = await wire.run(conn, commands, commit=True, prepare=self.prepare_batches)
+            [row] = results.rows(len(commands) - 1)
         except DRIVER_ERRORS as exc:
             lost = _fence_lost(exc)
             if lost is not None:
