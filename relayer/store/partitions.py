@@ -142,14 +142,14 @@ async def list_partitions(conn: Connection, store: StoreSettings) -> list[Partit
             continue
         lower = _LOWER.search(bound)
         found.append(
-            Partition(
-                str(name), UUID(lower[1]) if lower else None, UUID(upper[1]), bool(pending)
-            )
+            Partition(str(name), UUID(lower[1]) if lower else None, UUID(upper[1]), bool(pending))
         )
     return sorted(found, key=lambda partition: partition.upper)
 
 
-async def _attach(conn: Connection, store: StoreSettings, lower_ms: int | None, upper_ms: int) -> str:
+async def _attach(
+    conn: Connection, store: StoreSettings, lower_ms: int | None, upper_ms: int
+) -> str:
     """Create one partition as a table of the outbox's shape and attach it (SHARE UPDATE
     EXCLUSIVE on the outbox: writers and workers go on)."""
     names = store.names

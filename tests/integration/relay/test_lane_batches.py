@@ -663,7 +663,9 @@ async def test_a_lost_lease_in_a_group_rolls_back_every_lane(
         tokens, rows = await db.lock_and_read(conn, [0, 3], MEMBER, uuid.uuid4(), 10)
         assert sorted(tokens) == [0, 3] and len(rows) == 4
         stale = {0: tokens[0], 3: str(uuid.uuid4())}
-        with pytest.raises(FencedWriteError, match=r"lane 0, 3: the fenced (delete|progress) matched 2 of 4"):
+        with pytest.raises(
+            FencedWriteError, match=r"lane 0, 3: the fenced (delete|progress) matched 2 of 4"
+        ):
             await db.record_outcomes(
                 conn,
                 member=MEMBER,
