@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 from uuid import UUID
 
@@ -106,7 +107,7 @@ async def test_a_partitioned_store_is_made_with_partitions_ahead(pg_dsn: str) ->
     span = 60_000
     assert made[0].lower is None  # the floor: ids of a clock behind the database's
     assert ms_of(made[-1].upper) >= database_ms(store) + PARTITIONS_AHEAD * span
-    assert all(a.upper == b.lower for a, b in zip(made, made[1:], strict=False))
+    assert all(a.upper == b.lower for a, b in pairwise(made))
     await apply_schema(store)  # again: nothing to do
     assert await partitions(store) == made
     rotation = await rotate(store)
@@ -178,7 +179,7 @@ async def test_a_detach_left_half_done_is_finished_by_the_next_rotation(pg_dsn: 
         await holder.execute(f"SELECT count(*) FROM {store.table_prefix}outbox")
         rotation = await rotate(store, settle=NOW)
         assert rotation.skipped is not None and "lock timeout" in rotation.skipped
-        assert [p.detach_pending for p in await partitions(store)][0]
+        assert (await partitions(store))[0].detach_pending
         again = await rotate(store, settle=NOW)  # still held: tried, given up again
         assert again.skipped is not None and again.finalized == ()
         await holder.rollback()
