@@ -120,11 +120,19 @@ def compose(
     return sql.SQL(template).format(**(identifiers(names) if values is None else values))
 
 
-class Queries:
-    """Every named query of one store, composed once and rendered to text."""
+# The named queries partitioned storage runs in place of delete mode's have this prefix
+# (relayer/sql/partitioned.sql, docs/storage.md).
+PARTITIONED = "partitioned_"
 
-    def __init__(self, names: StoreNames) -> None:
+
+class Queries:
+    """Every named query of one store, composed once and rendered to text. ``storage``: the
+    store's storage mode; with "partitioned", a name that has a partitioned version
+    (``partitioned_<name>``) gives that version."""
+
+    def __init__(self, names: StoreNames, storage: str = "delete") -> None:
         self.names = names
+        self.storage = storage
         # The store's identifiers made once, not once per query: a worker joining hundreds of
         # stores composes every store's queries (this took a fifth of a joining worker's CPU).
         values = identifiers(names)
@@ -134,6 +142,8 @@ class Queries:
         }
 
     def __getitem__(self, name: str) -> LiteralString:
+        if self.storage == "partitioned":
+            return self._rendered.get(PARTITIONED + name) or self._rendered[name]
         return self._rendered[name]
 
 
@@ -150,8 +160,9 @@ def _without_comment_lines(statement: str) -> LiteralString:
 
 
 @cache
-def queries_for(names: StoreNames) -> Queries:
-    return Queries(names)
+def queries_for(names: StoreNames, storage: str = "delete") -> Queries:
+    """The named queries of the store of ``names`` whose storage mode is ``storage``."""
+    return Queries(names, storage)
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,3 +242,103 @@ SELECT (SELECT n FROM sent),
                           THEN 'yes' ELSE 'no' END
                   || '); rolled back, the rows will be sent again')::int4
        END
+
+-- name: _pending_all
+-- A fragment: every pending row of every lane (held rows, and outbox rows above their lane's
+-- progress), as a FROM item named o: what delete mode's outbox holds.
+(SELECT h.* FROM {held} AS h
+ UNION ALL
+ SELECT m.* FROM {outbox} AS m JOIN {progress} AS g ON g.lane = m.lane WHERE m.id > g.done_id)
+AS o
+
+-- name: partitioned_status_pending
+SELECT lane, pg_catalog.count(*), greatest(extract(epoch FROM pg_catalog.now() - pg_catalog.min(created_at)), 0)::float8
+FROM {_pending_all}
+GROUP BY lane
+ORDER BY lane NULLS LAST
+
+-- name: partitioned_status_summary
+WITH pending AS MATERIALIZED (SELECT o.created_at FROM {_pending_all})
+SELECT (SELECT pg_catalog.count(*) FROM pending)::int8,
+       (SELECT greatest(extract(epoch FROM pg_catalog.now() - pg_catalog.min(created_at)), 0)::float8 FROM pending),
+       (SELECT pg_catalog.count(*) FROM {parked})::int8,
+       (SELECT pg_catalog.count(*) FROM {parked} WHERE retry_at IS NULL)::int8,
+       (SELECT pg_catalog.count(*) FROM {leases} WHERE lane IS NULL AND expires_at >= pg_catalog.now())::int8
+
+-- name: partitioned_parked_list
+SELECT p.ordering_key, p.lane, p.attempts, p.last_error, p.retry_at, p.parked_at, p.head_id,
+       (SELECT pg_catalog.count(*) FROM {held} AS h
+        WHERE h.lane = p.lane AND h.ordering_key = p.ordering_key)
+       + (SELECT pg_catalog.count(*) FROM {outbox} AS m JOIN {progress} AS g ON g.lane = m.lane
+          WHERE m.lane = p.lane AND m.id > g.done_id AND m.ordering_key = p.ordering_key)
+FROM {parked} AS p
+WHERE %(key)s::text IS NULL OR p.ordering_key = %(key)s
+ORDER BY p.parked_at, p.ordering_key
+
+-- name: _key_rows_above_progress
+-- A fragment: the outbox rows of key %(key)s above the progress of lane unparked.lane (a row
+-- the lane passed is in the held table, or was sent).
+FROM {outbox} AS m
+JOIN {progress} AS g ON g.lane = m.lane
+JOIN unparked ON unparked.lane = m.lane
+WHERE m.id > g.done_id AND m.ordering_key = %(key)s
+
+-- name: partitioned_redrive_key
+-- As operations.sql's redrive_key: the key's held rows get a fresh attempt count (its rows
+-- above the progress never failed: a failed row is held). Returns the key's pending rows.
+WITH unparked AS (
+    DELETE FROM {parked} WHERE ordering_key = %(key)s RETURNING lane, head_id
+), held AS (
+    UPDATE {held} AS o SET attempts = 0
+    FROM unparked
+    WHERE o.lane = unparked.lane AND o.ordering_key = %(key)s
+    RETURNING o.id
+)
+SELECT id FROM held
+UNION ALL
+SELECT m.id {_key_rows_above_progress}
+
+-- name: partitioned_drop_key
+-- As operations.sql's drop_key: the key's held rows and its rows above the progress go (an
+-- operator's action, rare: the few dead tuples in the outbox go with its partition).
+WITH unparked AS (
+    DELETE FROM {parked} WHERE ordering_key = %(key)s RETURNING lane
+), held AS (
+    DELETE FROM {held} AS o USING unparked
+    WHERE o.lane = unparked.lane AND o.ordering_key = %(key)s
+    RETURNING o.id
+), above AS (
+    DELETE FROM {outbox} AS o
+    WHERE (o.lane, o.id) IN (SELECT m.lane, m.id {_key_rows_above_progress})
+    RETURNING o.id
+)
+SELECT id FROM held UNION ALL SELECT id FROM above
+
+-- name: partitioned_drop_head_key
+-- As operations.sql's drop_head_key: the parked head is a held row (a failed row is held).
+WITH unparked AS (
+    DELETE FROM {parked} WHERE ordering_key = %(key)s RETURNING lane, head_id
+)
+DELETE FROM {held} AS o
+USING unparked
+WHERE o.lane = unparked.lane AND o.id = unparked.head_id
+RETURNING o.id
+
+-- name: partitioned_drop_expired_parked_key
+-- As maintenance.sql's drop_expired_parked_key, dropping as partitioned_drop_key does.
+WITH unparked AS (
+    DELETE FROM {parked}
+    WHERE ordering_key = %(key)s AND retry_at IS NULL AND updated_at < pg_catalog.now() - %(retention)s
+    RETURNING lane, head_id, attempts, last_error, updated_at
+), held AS (
+    DELETE FROM {held} AS o USING unparked
+    WHERE o.lane = unparked.lane AND o.ordering_key = %(key)s
+    RETURNING o.id
+), above AS (
+    DELETE FROM {outbox} AS o
+    WHERE (o.lane, o.id) IN (SELECT m.lane, m.id {_key_rows_above_progress})
+    RETURNING o.id
+)
+SELECT (SELECT pg_catalog.count(*) FROM held) + (SELECT pg_catalog.count(*) FROM above),
+       head_id, attempts, last_error, extract(epoch FROM pg_catalog.now() - updated_at)::float8
+FROM unparked

@@ -32,20 +32,6 @@ from relayer.transports.base import OutboundBatch
 FENCE_MARK = "relayer-fence: "
 
 
-# The statements a partitioned store runs in place of delete mode's (relayer/sql/partitioned.sql
-# has each under the name prefixed with "partitioned_").
-PARTITIONED_QUERIES = frozenset(
-    ("probe", "probe_share", "read_batch", "record_outcomes", "holds_rows")
-)
-
-
-def query_name(store: StoreSettings, name: str) -> str:
-    """The named query ``store`` runs for ``name``: its storage mode's."""
-    if store.storage == "partitioned" and name in PARTITIONED_QUERIES:
-        return "partitioned_" + name
-    return name
-
-
 class LaneHead(NamedTuple):
     """What a probe learned about one lane, without taking any lock. A named tuple built
     straight from the probe's row (its columns are these fields, in order, as these types):
@@ -132,7 +118,7 @@ class RelayStore:
 
     def __init__(self, store: StoreSettings) -> None:
         self.store = store
-        self.queries = queries_for(store.names)
+        self.queries = queries_for(store.names, store.storage)
         self.lease = store.lease_duration
         # Behind a transaction pooler each batch sets its own settings (else the pool's
         # connections carry them).
@@ -140,16 +126,16 @@ class RelayStore:
         # A batch's statements go through relayer.store.wire; prepared on the server unless a
         # transaction pooler could hand the next transaction another server connection.
         self.wired = {
-            name: wire.Statement(name, self.queries[query_name(store, name)])
+            name: wire.Statement(name, self.queries[name])
             for name in ("set_local", "lock_lanes", "read_batch", "record_outcomes")
         }
         if store.storage == "partitioned":
             # Sent with the outcome statement, ahead of it (relayer/sql/partitioned.sql).
-            self.wired["advance"] = wire.Statement("advance", self.queries["partitioned_advance"])
-        self.probe_query = self.queries[query_name(store, "probe")]
-        self.probe_share_query = self.queries[query_name(store, "probe_share")]
+            self.wired["advance"] = wire.Statement("advance", self.queries["advance"])
+        self.probe_query = self.queries["probe"]
+        self.probe_share_query = self.queries["probe_share"]
         # An expression: one column of the idle watch's SELECT (``holds_rows``).
-        self.holds_rows_query = self.queries[query_name(store, "holds_rows")]
+        self.holds_rows_query = self.queries["holds_rows"]
         self.prepare_batches = store.pooler != "transaction"
 
     async def prepare(self, conn: Connection) -> None:
@@ -162,7 +148,7 @@ class RelayStore:
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
             if self.store.storage == "partitioned":
                 await conn.execute(
-                    self.queries["partitioned_ensure_progress_rows"], {"lanes": self.store.lanes}
+                    self.queries["ensure_progress_rows"], {"lanes": self.store.lanes}
                 )
             await conn.commit()
 
