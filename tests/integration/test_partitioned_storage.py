@@ -17,10 +17,11 @@ import pytest
 
 from relayer import lane_for
 from relayer.errors import ConfigurationError, InvalidMessageError
+from relayer.operations import schema
 from relayer.relay.batch import LaneRelay
 from relayer.relay.results import Scan
 from relayer.settings import StoreSettings
-from relayer.store import RelayStore, rotate
+from relayer.store import RelayStore, drift, rotate, status
 from relayer.store.partitions import PARTITIONS_AHEAD, list_partitions, ms_of
 from relayer.transports.memory import MemoryTransport
 from relayer.transports.routing import Routing
@@ -215,3 +216,26 @@ async def test_unordered_messages_are_refused_in_partitioned_mode(pg_dsn: str) -
             "VALUES (%s, -1, 'events', 'x')",
             (uuid7_at(database_ms(store)),),
         )
+
+
+async def test_schema_check_and_status_count_from_progress(
+    pg_dsn: str, memory: MemoryTransport
+) -> None:
+    store = await partitioned_store(pg_dsn)
+    keys = keys_in_lane(store, 1, 2)
+    write(store, keys, per_key=30)  # 60 rows: a batch of 50 leaves 10
+    relay = LaneRelay(store, Routing(store, {"memory": memory}), MEMBER)
+    assert (await send(relay, 1)).sent == 50
+    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
+        assert await drift.check(conn, store) == []
+        await RelayStore(store).prepare(conn)  # what a worker checks before serving it
+        cluster = await status.read_cluster(conn, store)
+        summary = await status.read_summary(conn, store)
+    assert [(lane.lane, lane.rows) for lane in cluster.pending] == [(1, 10)]
+    assert summary.pending == 10
+
+
+def test_schema_print_refuses_a_partitioned_store() -> None:
+    store = make_store("postgresql://localhost/x", storage="partitioned")
+    with pytest.raises(ConfigurationError, match=r"relayer schema apply"):
+        schema.render(store)
