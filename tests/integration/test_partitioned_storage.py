@@ -34,6 +34,7 @@ from tests.integration.relay.helpers import (
     pending,
     write,
 )
+from tests.integration.unordered.helpers import run_worker_until
 
 MEMBER = "member-a"
 NOW = timedelta(0)  # rotate's settle: partitions wholly in the past may go
@@ -239,3 +240,25 @@ def test_schema_print_refuses_a_partitioned_store() -> None:
     store = make_store("postgresql://localhost/x", storage="partitioned")
     with pytest.raises(ConfigurationError, match=r"relayer schema apply"):
         schema.render(store)
+
+
+async def test_a_worker_sends_and_its_cleanup_leader_rotates(pg_dsn: str) -> None:
+    store = await partitioned_store(pg_dsn, cleanup_interval="0.1s", poll_interval="0.1s")
+    floor = (await partitions(store))[0]
+    keys = keys_in_lane(store, 0, 2)
+    write(store, keys, per_key=5)
+    # A half-done detach, as a rotation that died leaves it: the leader's next rotation
+    # finishes it (whatever the progress: the partition was already on its way out).
+    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as holder:
+        await holder.execute(f"SELECT count(*) FROM {store.table_prefix}outbox")
+        assert (await rotate(store, settle=NOW)).skipped is not None
+        await holder.rollback()
+
+    def done() -> bool:
+        with psycopg.connect(store.require_dsn()) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_catalog.pg_class WHERE relname = %s", (floor.name,)
+            ).fetchone()
+        return pending(store) == 0 and row == (0,)
+
+    await run_worker_until(store, done)
