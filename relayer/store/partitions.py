@@ -183,6 +183,13 @@ async def rotate(store: StoreSettings, *, settle: timedelta | None = None) -> Ro
     (``skipped``, tried again at the next one), and so does another rotation in progress."""
     if settle is None:
         settle = store.partition_span
+    if store.pooler == "transaction" and not store.admin_dsn:
+        # A session's advisory lock and lock_timeout would stay on a pooled server connection.
+        return Rotation(
+            skipped="rotation needs a session of its own, which a pooler in transaction mode "
+            f"does not give (pooler = 'transaction'); set stores.{store.name}.admin_dsn to a "
+            "direct connection or a session-mode pool"
+        )
     conn = await connect(store, autocommit=True, purpose="rotate", dsn=store.admin_dsn)
     try:
         await conn.execute(

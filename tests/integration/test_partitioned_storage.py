@@ -15,7 +15,7 @@ from uuid import UUID
 import psycopg
 import pytest
 
-from relayer import lane_for
+from relayer import Outbox, OutboxMessage, lane_for
 from relayer.errors import ConfigurationError, InvalidMessageError
 from relayer.operations import schema
 from relayer.relay.batch import LaneRelay
@@ -262,3 +262,37 @@ async def test_a_worker_sends_and_its_cleanup_leader_rotates(pg_dsn: str) -> Non
         return pending(store) == 0 and row == (0,)
 
     await run_worker_until(store, done)
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [
+        "delete",
+        pytest.param(
+            "partitioned",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="not done yet: a row that commits below its lane's progress is never "
+                "sent (docs/storage.md#what-is-not-done-yet)",
+            ),
+        ),
+    ],
+)
+async def test_a_row_that_commits_after_its_lane_passed_its_id_is_sent(
+    pg_dsn: str, memory: MemoryTransport, storage: str
+) -> None:
+    store = await partitioned_store(pg_dsn, storage=storage)
+    early, late = keys_in_lane(store, 1, 2)
+    relay = LaneRelay(store, Routing(store, {"memory": memory}), MEMBER)
+    with psycopg.connect(store.require_dsn()) as slow:
+        # The slow writer takes its id first and commits last.
+        Outbox(store).write_many(slow, [OutboxMessage("events", b"slow#0", key=early)])
+        write(store, [late], per_key=1)
+        assert (await send(relay, 1)).sent == 1
+        slow.commit()
+    while (await send(relay, 1)).scan is Scan.SENT:
+        pass
+    assert sorted(message.body for message in memory.received("events")) == [
+        f"{late}#0".encode(),
+        b"slow#0",
+    ]
