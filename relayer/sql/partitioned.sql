@@ -350,3 +350,120 @@ WITH unparked AS (
 SELECT (SELECT pg_catalog.count(*) FROM held) + (SELECT pg_catalog.count(*) FROM above),
        head_id, attempts, last_error, extract(epoch FROM pg_catalog.now() - updated_at)::float8
 FROM unparked
+
+-- name: partitioned_metrics_backlog
+-- As metrics.sql's metrics_backlog, over each owned lane's pending rows (held, and above its
+-- progress): its count, and the age of its head (the older of its first held row and its first
+-- row above the progress).
+WITH owned AS (
+    SELECT l.lane FROM pg_catalog.unnest(%(lanes)s::integer[]) AS l(lane)
+), counted AS (
+    SELECT g.lane, pg_catalog.count(*) AS rows
+    FROM owned JOIN {progress} AS g ON g.lane = owned.lane
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM {held} AS h WHERE h.lane = g.lane
+        UNION ALL
+        SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND m.id > g.done_id
+    ) AS x
+    GROUP BY g.lane
+), pending AS (
+    SELECT c.lane, c.rows,
+           greatest(extract(epoch FROM pg_catalog.now() - h.created_at), 0)::float8 AS age
+    FROM counted AS c
+    JOIN {progress} AS g ON g.lane = c.lane
+    CROSS JOIN LATERAL (
+        SELECT o.created_at FROM (
+            (SELECT h.id, h.created_at FROM {held} AS h WHERE h.lane = c.lane
+             ORDER BY h.id LIMIT 1)
+            UNION ALL
+            (SELECT m.id, m.created_at FROM {outbox} AS m WHERE m.lane = c.lane AND m.id > g.done_id
+             ORDER BY m.id LIMIT 1)
+        ) AS o
+        ORDER BY o.id LIMIT 1
+    ) AS h
+), parked AS (
+    SELECT pg_catalog.count(*) AS keys, pg_catalog.count(*) FILTER (WHERE p.retry_at IS NULL) AS waiting
+    FROM owned JOIN {parked} p ON p.lane = owned.lane
+)
+SELECT coalesce((SELECT pg_catalog.sum(rows) FROM pending), 0)::bigint,
+       coalesce((SELECT pg_catalog.max(age) FROM pending), 0)::float8,
+       (SELECT pg_catalog.count(*) FROM pending),
+       parked.keys,
+       parked.waiting,
+       ARRAY(SELECT lane FROM pending ORDER BY age DESC, lane LIMIT %(top)s),
+       ARRAY(SELECT rows FROM pending ORDER BY age DESC, lane LIMIT %(top)s),
+       ARRAY(SELECT age FROM pending ORDER BY age DESC, lane LIMIT %(top)s)
+FROM parked
+
+-- name: _partitioned_store_health
+-- As maintenance.sql's _store_health, the oldest due row taken from each lane's pending rows
+-- (held, and above its progress: the outbox keeps sent rows until their partition goes).
+-- A fragment: a store's health in one statement (relayer.health): each table's live and dead
+-- tuples, last vacuum and size (one array per column, tables in name order); the age in seconds
+-- of the oldest due row (by id, through the primary key; 0 if none); the unordered rows that
+-- failed at least once (how many, the most attempts, the latest error). It reads the outbox
+-- only, so an operator's role with the grants of docs/security.md can run it.
+-- The statistics are read with the functions behind pg_stat_user_tables, for these tables only:
+-- that view groups every relation of the database before a join can pick a few (with hundreds
+-- of stores in one database, most of the statement's time).
+WITH tables AS MATERIALIZED (
+    SELECT c.relname::text AS name,
+           pg_catalog.pg_stat_get_live_tuples(c.oid) AS live,
+           pg_catalog.pg_stat_get_dead_tuples(c.oid) AS dead,
+           greatest(pg_catalog.pg_stat_get_last_autovacuum_time(c.oid),
+                    pg_catalog.pg_stat_get_last_vacuum_time(c.oid)) AS vacuumed,
+           pg_catalog.pg_total_relation_size(c.oid) AS size
+    FROM pg_catalog.pg_class AS c
+    JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+    WHERE n.nspname = %(schema)s AND c.relname = ANY(%(tables)s) AND c.relkind IN ('r', 'p')
+), failing AS MATERIALIZED (
+    SELECT pg_catalog.count(*) AS rows, coalesce(pg_catalog.max(attempts), 0) AS attempts
+    FROM {outbox}
+    WHERE lane = -1 AND attempts > 0
+)
+SELECT ARRAY(SELECT name FROM tables ORDER BY name),
+       ARRAY(SELECT live FROM tables ORDER BY name),
+       ARRAY(SELECT dead FROM tables ORDER BY name),
+       ARRAY(SELECT vacuumed FROM tables ORDER BY name),
+       ARRAY(SELECT size FROM tables ORDER BY name),
+       coalesce((
+           SELECT pg_catalog.max(greatest(extract(epoch FROM pg_catalog.now() - greatest(d.created_at, d.deliver_at)), 0))::float8
+           FROM {progress} AS g
+           CROSS JOIN LATERAL (
+               SELECT o.created_at, o.deliver_at FROM (
+                   (SELECT h.id, h.created_at, h.deliver_at FROM {held} AS h
+                    WHERE h.lane = g.lane AND (h.deliver_at IS NULL OR h.deliver_at <= pg_catalog.now())
+                    ORDER BY h.id LIMIT 1)
+                   UNION ALL
+                   (SELECT m.id, m.created_at, m.deliver_at FROM {outbox} AS m
+                    WHERE m.lane = g.lane AND m.id > g.done_id
+                      AND (m.deliver_at IS NULL OR m.deliver_at <= pg_catalog.now())
+                    ORDER BY m.id LIMIT 1)
+               ) AS o
+               ORDER BY o.id LIMIT 1
+           ) AS d
+       ), 0)::float8,
+       (SELECT rows FROM failing),
+       (SELECT attempts FROM failing),
+       (SELECT last_error FROM {outbox} WHERE lane = -1 AND attempts > 0 ORDER BY id DESC LIMIT 1)
+
+-- name: partitioned_store_health
+{_partitioned_store_health}
+
+-- name: partitioned_store_health_and_retention
+-- As maintenance.sql's store_health_and_retention (the same retention tests).
+{_partitioned_store_health},
+       EXISTS (
+           SELECT 1 FROM {inbox}
+           WHERE received_at < pg_catalog.now() - %(inbox_retention)s::interval
+       ) OR EXISTS (
+           SELECT 1 FROM {inbox_keys}
+           WHERE updated_at < pg_catalog.now() - %(inbox_retention)s::interval
+       ) OR EXISTS (
+           SELECT 1 FROM {sequences} AS s
+           WHERE s.updated_at < pg_catalog.now() - %(sequence_retention)s::interval
+             AND NOT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.ordering_key = s.ordering_key)
+       ) OR EXISTS (
+           SELECT 1 FROM {parked}
+           WHERE retry_at IS NULL AND updated_at < pg_catalog.now() - %(parked_retention)s::interval
+       )

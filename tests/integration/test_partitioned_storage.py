@@ -22,6 +22,8 @@ from relayer.relay.batch import LaneRelay
 from relayer.relay.results import Scan
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore, drift, rotate, status
+from relayer.store.backlog import read_backlog
+from relayer.store.maintenance import read_table_health
 from relayer.store.partitions import PARTITIONS_AHEAD, list_partitions, ms_of
 from relayer.transports.memory import MemoryTransport
 from relayer.transports.routing import Routing
@@ -219,7 +221,7 @@ async def test_unordered_messages_are_refused_in_partitioned_mode(pg_dsn: str) -
         )
 
 
-async def test_schema_check_and_status_count_from_progress(
+async def test_schema_check_status_and_metrics_count_from_progress(
     pg_dsn: str, memory: MemoryTransport
 ) -> None:
     store = await partitioned_store(pg_dsn)
@@ -232,8 +234,11 @@ async def test_schema_check_and_status_count_from_progress(
         await RelayStore(store).prepare(conn)  # what a worker checks before serving it
         cluster = await status.read_cluster(conn, store)
         summary = await status.read_summary(conn, store)
+        backlog = await read_backlog(conn, store, frozenset(range(store.lanes)), top=3)
     assert [(lane.lane, lane.rows) for lane in cluster.pending] == [(1, 10)]
     assert summary.pending == 10
+    assert (backlog.rows, backlog.pending_lanes) == (10, 1)
+    assert [(lane.lane, lane.rows) for lane in backlog.top] == [(1, 10)]
 
 
 def test_schema_print_refuses_a_partitioned_store() -> None:
@@ -296,3 +301,23 @@ async def test_a_row_that_commits_after_its_lane_passed_its_id_is_sent(
         f"{late}#0".encode(),
         b"slow#0",
     ]
+
+
+async def test_the_health_ages_pending_rows_not_sent_ones(
+    pg_dsn: str, memory: MemoryTransport
+) -> None:
+    store = await partitioned_store(pg_dsn)
+    [key] = keys_in_lane(store, 1, 1)
+    with psycopg.connect(store.require_dsn()) as conn:  # sent rows written half an hour ago
+        conn.execute(
+            f"INSERT INTO {store.table_prefix}outbox (id, lane, ordering_key, transport, "
+            "destination, body, created_at) VALUES (%s, 1, %s, 'memory', 'events', 'old#0', "
+            "now() - interval '30 minutes')",
+            (uuid7_at(database_ms(store) - 1_800_000), key),
+        )
+    relay = LaneRelay(store, Routing(store, {"memory": memory}), MEMBER)
+    assert (await send(relay, 1)).sent == 1
+    write(store, [key], per_key=1)
+    async with await psycopg.AsyncConnection.connect(store.require_dsn()) as conn:
+        health = await read_table_health(conn, store)
+    assert 0 <= health.oldest_due_age_seconds < 600  # the pending row's age, not the sent one's
