@@ -64,6 +64,16 @@ FROM pg_catalog.pg_inherits AS i
 JOIN pg_catalog.pg_class AS c ON c.oid = i.inhrelid
 WHERE i.inhparent = %(parent)s::regclass
 
+-- name: partitioned_leftovers
+-- Tables of the store's schema that a rotation marked (a comment on the partition, set before
+-- it detaches it) and no longer attached to the outbox: detached by a rotation that ended before
+-- it dropped them. A partition detached by anyone else is left alone.
+SELECT c.relname::text FROM pg_catalog.pg_class AS c
+JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind = 'r' AND NOT c.relispartition
+  AND pg_catalog.starts_with(c.relname, %(prefix)s)
+  AND pg_catalog.obj_description(c.oid, 'pg_class') = %(mark)s
+
 -- name: partitioned_low_water
 -- The oldest outbox row any lane still has to pass (its first row above its progress; none:
 -- NULL) and the database clock in Unix milliseconds. A partition whose upper bound is at or

@@ -39,6 +39,8 @@ PARTITIONS_AHEAD = 10
 # How long a rotation step waits for a lock on the outbox before giving up (it is tried again
 # at the next rotation): short, so that writers and workers never queue behind it.
 ROTATION_LOCK_TIMEOUT = "200ms"
+# The comment rotation puts on a partition before it detaches it to drop it.
+DROPPING = "relayer: passed by every lane; being detached and dropped"
 STORAGE_PROCEDURE = "docs/storage.md#moving-a-store-between-modes"
 _UPPER = re.compile(r"TO \('([0-9a-f-]{36})'\)")
 _LOWER = re.compile(r"FROM \('([0-9a-f-]{36})'\)")
@@ -68,7 +70,7 @@ class Rotation:
 
     created: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
-    finalized: tuple[str, ...] = ()
+    finalized: tuple[str, ...] = ()  # half-done detaches finished, leftovers dropped
     skipped: str | None = None  # why a step gave up (a lock not granted in time)
 
 
@@ -225,6 +227,14 @@ async def _rotate(conn: Connection, store: StoreSettings, settle_ms: int) -> Rot
             await conn.execute(detach + sql.SQL("{} FINALIZE").format(table))
             await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
             finalized.append(partition.name)
+    cursor = await conn.execute(
+        queries_for(names)["partitioned_leftovers"],
+        {"schema": names.schema, "prefix": f"{names.prefix}op_", "mark": DROPPING},
+    )
+    for (leftover,) in await cursor.fetchall():  # detached by a rotation that died: drop it
+        table = sql.Identifier(names.schema, leftover)
+        await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        finalized.append(leftover)
     async with conn.transaction():
         created = await ensure_partitions(conn, store)
     cursor = await conn.execute(queries_for(names)["partitioned_low_water"])
@@ -239,6 +249,12 @@ async def _rotate(conn: Connection, store: StoreSettings, settle_ms: int) -> Rot
         if partition.upper > limit:
             break
         table = sql.Identifier(names.schema, partition.name)
+        # Marked first (SHARE UPDATE EXCLUSIVE on the partition: readers and writers go on), so
+        # that a rotation ending between the detach and the drop leaves a table the next one
+        # knows it may drop.
+        await conn.execute(
+            sql.SQL("COMMENT ON TABLE {} IS {}").format(table, sql.Literal(DROPPING))
+        )
         await conn.execute(detach + sql.SQL("{} CONCURRENTLY").format(table))
         await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
         dropped.append(partition.name)

@@ -24,7 +24,7 @@ from relayer.settings import StoreSettings
 from relayer.store import RelayStore, drift, rotate, status
 from relayer.store.backlog import read_backlog
 from relayer.store.maintenance import read_table_health
-from relayer.store.partitions import PARTITIONS_AHEAD, list_partitions, ms_of
+from relayer.store.partitions import DROPPING, PARTITIONS_AHEAD, list_partitions, ms_of
 from relayer.transports.memory import MemoryTransport
 from relayer.transports.routing import Routing
 from tests.conftest import apply_schema, make_store
@@ -192,6 +192,22 @@ async def test_a_detach_left_half_done_is_finished_by_the_next_rotation(pg_dsn: 
     assert floor.name not in [p.name for p in await partitions(store)]
     write(store, ["k"], per_key=1)  # writers are served throughout
     assert pending(store) == 1
+    # Marked and detached, not dropped (a rotation that died in between): the next rotation
+    # drops it. A partition detached by someone else is left alone.
+    first, second = (await partitions(store))[2:4]
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
+        conn.execute(f"COMMENT ON TABLE {first.name} IS '{DROPPING}'")
+        for partition in (first, second):
+            conn.execute(
+                f"ALTER TABLE {store.table_prefix}outbox DETACH PARTITION {partition.name}"
+            )
+    assert (await rotate(store, settle=NOW)).finalized == (first.name,)
+    with psycopg.connect(store.require_dsn()) as conn:
+        found = conn.execute(
+            "SELECT relname FROM pg_catalog.pg_class WHERE relname IN (%s, %s)",
+            (first.name, second.name),
+        ).fetchall()
+    assert found == [(second.name,)]
 
 
 async def test_a_store_of_the_other_mode_is_refused(pg_dsn: str) -> None:
