@@ -93,6 +93,25 @@ def process_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def family_seconds(parent: int) -> float:
+    """CPU seconds of a process and its children: its own ``utime + stime``, those of its
+    children that exited and that it waited for (``cutime + cstime``: a PostgreSQL server's
+    autovacuum workers and ended sessions), and its live children's. 0 if it is gone."""
+    try:
+        fields = (PROC / str(parent) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = sum(int(value) for value in fields[11:15])
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            child = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(child[1]) == parent:  # field 4, the parent's pid
+                ticks += int(child[11]) + int(child[12])
+    return ticks / CLOCK_TICKS
+
+
 def is_local_postgres(pid: int) -> bool:
     """Whether ``pid`` is a PostgreSQL backend on this machine (its CPU is then readable)."""
     with contextlib.suppress(OSError):

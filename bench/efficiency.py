@@ -566,6 +566,17 @@ def bounded(kind: type[int] | type[float], low: float, high: float | None = None
     return parse
 
 
+FENCED_VARIANTS = ("probe+claim", "probe", "claim", "bare")
+
+
+def fenced_variant(text: str) -> str:
+    if text not in FENCED_VARIANTS:
+        raise argparse.ArgumentTypeError(
+            f"--fenced: {text!r} is not a variant (one of {', '.join(FENCED_VARIANTS)})"
+        )
+    return text
+
+
 def transports(text: str) -> list[str]:
     chosen = [name.strip() for name in text.split(",") if name.strip()]
     for name in chosen:
@@ -662,6 +673,14 @@ def main() -> None:
         default=[5.0, 10.0],
         help="steady mode to Kafka: the polled least relay's ticks in ms, comma-separated "
         "(default 5,10; '' for none)",
+    )
+    parser.add_argument(
+        "--fenced",
+        type=lambda text: [fenced_variant(part) for part in text.split(",") if part],
+        default=["probe+claim", "probe"],
+        help="steady mode to Kafka: the fenced least relay's variants at the first of "
+        "--least-ticks, comma-separated among probe+claim, probe, claim, bare (its steps "
+        "besides the lock, read and fenced delete; default probe+claim,probe; '' for none)",
     )
     parser.add_argument(
         "--instructions",

@@ -11,6 +11,7 @@
   sampled acknowledgement times to a file (steady mode's commit-to-ack latency).
 - ``floor-steady``: the least relay at steady mode's rate (one blocking loop), until a second
   line on stdin; writes sampled acknowledgement times to a file.
+- ``fenced-floor-steady``: the same on relayer's own statements (bench/fenced_floor.py).
 - ``writer``: commits one outbox row per transaction at a steady rate over a few connections,
   and writes each row's commit time to a file.
 """
@@ -521,6 +522,10 @@ def main() -> None:
         floor(options)
     elif kind == "floor-steady":
         floor_steady(options)
+    elif kind == "fenced-floor-steady":
+        from bench.fenced_floor import fenced_floor_steady
+
+        fenced_floor_steady(options, ready, spent, clocks)
     elif kind == "worker":
         worker(options)
     elif kind == "writer":

@@ -181,6 +181,9 @@ async def steady(environment: Environment, transport: str) -> None:
         await steady_floor(run)
         for tick in environment.arguments.least_ticks:
             await steady_floor(run, tick=tick / 1000)
+        ticks = environment.arguments.least_ticks
+        for variant in environment.arguments.fenced if ticks else []:
+            await steady_floor(run, tick=ticks[0] / 1000, fenced=variant)
         await steady_bare_kafka(environment)
         for tick in environment.arguments.least_ticks:
             await steady_bare_kafka(environment, tick=tick / 1000)
@@ -248,11 +251,12 @@ class FloorProcess:
         return await self.child.result()
 
 
-async def steady_floor(run: Steady, *, tick: float = 0.0) -> None:
+async def steady_floor(run: Steady, *, tick: float = 0.0, fenced: str = "") -> None:
     """The least relay (efficiency_children.floor_steady) under the same writers at the same
     rate: what a message costs and how soon the broker has it, at the least, on this machine.
     With ``tick`` (seconds) the polled least relay: no notifications, every lane read at every
-    multiple of ``tick``."""
+    multiple of ``tick``; with ``fenced`` too, the fenced least relay (bench/fenced_floor.py)
+    with the steps it names (probe, claim)."""
     environment = run.environment
     assert environment.bootstrap is not None
     with (
@@ -274,8 +278,12 @@ async def steady_floor(run: Steady, *, tick: float = 0.0) -> None:
         counter = run.counter(folder, "least-relay")
         async with destination(environment, "kafka") as target:
             child = Child(
-                "floor-steady",
+                "fenced-floor-steady" if fenced else "floor-steady",
                 {
+                    "config": config,
+                    "store": store.name,
+                    "probe": "probe" in fenced,
+                    "claim": "claim" in fenced,
                     "dsn": environment.dsn,
                     "schema": store.db_schema,
                     "outbox": store.names.table("outbox"),
@@ -320,7 +328,17 @@ async def steady_floor(run: Steady, *, tick: float = 0.0) -> None:
     )
     transactions = sampled.get("transactions") or 0
     each = f"{sampled.get('published', 0) / transactions:.1f}" if transactions else "no"
-    if tick:
+    if fenced:
+        steps = {"probe+claim": "probe, claim, ", "probe": "probe, ", "claim": "claim, "}
+        print(
+            f"- fenced least relay ({fenced}), every {tick * 1000:g} ms (relayer's statements in "
+            f"one blocking loop: {steps.get(fenced, '')}lock and read, produce, wait for the "
+            f"deliveries, fenced delete with the commit; {each} rows a transaction, "
+            f"{sampled.get('probes', 0):,} probes, {sampled.get('claims', 0):,} claims): CPU "
+            f"µs/msg {costs}, total {total:.1f}; {latency}: what relayer's protocol costs at "
+            "this rate without its machinery"
+        )
+    elif tick:
         print(
             f"- polled least relay, every {tick * 1000:g} ms (no LISTEN and no lock: at each "
             f"tick one transaction reads every lane's rows, produces them, waits for the "

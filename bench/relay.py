@@ -67,11 +67,11 @@ def make_store(
     notify: bool = False,
     name: str = "bench",
     lanes: int = LANES,
-    storage: str = "delete",
+    **settings: Any,
 ) -> StoreSettings:
+    """A store of ``lanes`` lanes in ``schema_name``; ``settings``: any other store setting."""
     return store_settings(
         name=name,
-        storage=storage,
         dsn=dsn,
         schema=schema_name,
         table_prefix="r_",
@@ -80,6 +80,7 @@ def make_store(
         notify=notify,
         transports={"broker": transport or {"type": "memory"}},
         default_transport="broker",
+        **settings,
     )
 
 

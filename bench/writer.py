@@ -2,7 +2,7 @@
 
     python bench/writer.py [--dsn DSN] [--transactions 3000] [--batches 100]
     python bench/writer.py --cpu [--rows 5000] [--paths psycopg,async,sqlalchemy,django]
-        [--notify after_commit|in_transaction|off]
+        [--notify after_commit|in_transaction|off] [--own-code]
 
 Prints (1) a one-row business transaction alone, with an extra ``SELECT 1`` (the floor of any
 extra statement in the transaction) and with one outbox row, interleaved in rounds so all see
@@ -117,13 +117,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=5000, help="--cpu: rows a side and path")
     parser.add_argument("--paths", default=",".join(writer_cpu.PATHS), help="--cpu: which")
     parser.add_argument("--notify", default="after_commit", help="--cpu: the store's notify")
+    parser.add_argument("--own-code", action="store_true", help="--cpu: the own code's table alone")
     arguments = parser.parse_args()
     with postgres(arguments.dsn) as dsn, scratch_schema(dsn) as schema_name:
         store = setup(dsn, schema_name, arguments.notify)
         print(f"machine: {machine()}; {server_version(dsn)}")
         if arguments.cpu:
             paths = arguments.paths.split(",")
-            print("\n".join(writer_cpu.report(store, arguments.rows, paths)))
+            lines = writer_cpu.report(store, arguments.rows, paths, not arguments.own_code)
+            print("\n".join(lines))
             return
         rounds = 20
         per_round = max(1, arguments.transactions // rounds)

@@ -75,6 +75,15 @@ class Path:
     def relayer_uncommitted(self, keys: list[str]) -> None:
         raise NotImplementedError
 
+    def bare_uncommitted(self, rows: list[tuple[Any, ...]]) -> None:
+        """``bare`` without the commits: the driver's execute on the connection reached as the
+        application reaches it through the path's object."""
+        raise NotImplementedError
+
+    # The statement through the library's own execute (SQLAlchemy's exec_driver_sql, a Django
+    # cursor), without the commits; None on the psycopg paths (the driver is the library).
+    orm_uncommitted: Callable[[list[tuple[Any, ...]]], None] | None = None
+
     def end(self) -> None:
         raise NotImplementedError
 
@@ -109,6 +118,11 @@ class PsycopgPath(Path):
         conn, write = self.conn, self.outbox.write
         for key in keys:
             write(conn, destination="orders", body=BODY, key=key)
+
+    def bare_uncommitted(self, rows: list[tuple[Any, ...]]) -> None:
+        conn, insert = self.conn, self.insert
+        for row in rows:
+            conn.execute(insert, row)
 
     def end(self) -> None:
         self.conn.rollback()
@@ -157,6 +171,14 @@ class AsyncPath(Path):
 
         self.loop.run_until_complete(run())
 
+    def bare_uncommitted(self, rows: list[tuple[Any, ...]]) -> None:
+        async def run() -> None:
+            conn, insert = self.conn, self.insert
+            for row in rows:
+                await conn.execute(insert, row)
+
+        self.loop.run_until_complete(run())
+
     def end(self) -> None:
         self.loop.run_until_complete(self.conn.rollback())
 
@@ -185,7 +207,7 @@ class SQLAlchemyPath(Path):
     def bare(self, rows: list[tuple[Any, ...]]) -> None:
         session, insert = self.session, self.insert
         for row in rows:
-            session.connection().connection.driver_connection.execute(insert, row)
+            session.connection().connection.dbapi_connection.execute(insert, row)
             session.commit()
 
     def close(self) -> None:
@@ -194,12 +216,22 @@ class SQLAlchemyPath(Path):
 
     def begin(self) -> Any:
         self.session.connection().exec_driver_sql("SELECT 1")
-        return self.session.connection().connection.driver_connection
+        return self.session.connection().connection.dbapi_connection
 
     def relayer_uncommitted(self, keys: list[str]) -> None:
         session, write = self.session, self.outbox.write
         for key in keys:
             write(session, destination="orders", body=BODY, key=key)
+
+    def bare_uncommitted(self, rows: list[tuple[Any, ...]]) -> None:
+        session, insert = self.session, self.insert
+        for row in rows:
+            session.connection().connection.dbapi_connection.execute(insert, row)
+
+    def orm_uncommitted(self, rows: list[tuple[Any, ...]]) -> None:
+        session, insert = self.session, self.insert
+        for row in rows:
+            session.connection().exec_driver_sql(insert, row)
 
     def end(self) -> None:
         self.session.rollback()
@@ -264,6 +296,21 @@ class DjangoPath(Path):
         for key in keys:
             write(connection, destination="orders", body=BODY, key=key)
 
+    def bare_uncommitted(self, rows: list[tuple[Any, ...]]) -> None:
+        from django.db import connection
+
+        insert = self.insert
+        for row in rows:
+            connection.connection.execute(insert, row)
+
+    def orm_uncommitted(self, rows: list[tuple[Any, ...]]) -> None:
+        from django.db import connection
+
+        insert = self.insert
+        for row in rows:
+            with connection.cursor() as cursor:
+                cursor.execute(insert, row)
+
     def end(self) -> None:
         from django.db import transaction
 
@@ -312,11 +359,14 @@ def measure(path: Path, store: StoreSettings, rows: int) -> dict[str, Costs]:
     return costs
 
 
-def code_cost(path: Path, rows: int) -> float:
-    """Outbox.write's own code: CPU seconds a write (the fewest of 7 runs of ``rows`` writes)
-    with its statement's execute replaced by nothing on the path's connection, inside one
-    open transaction (rolled back): what a write costs the process beyond the execute that a
-    bare insert pays too. The waker's thread counts (it looks at an open transaction)."""
+def code_cost(path: Path, rows: int) -> dict[str, float]:
+    """CPU seconds a row (the fewest of 7 runs of ``rows``) inside one open transaction
+    (rolled back) with the driver's execute replaced by nothing, so that only the Python
+    around it counts: ``write``, Outbox.write on the path's object (the waker's thread counts:
+    it looks at an open transaction); ``bare``, the driver's execute on the connection reached
+    as the application reaches it (``bare_uncommitted``); ``orm``, the statement through the
+    library's own execute (``orm_uncommitted``; absent on the psycopg paths). The kinds take
+    turns within each of the 7 rounds."""
     driver = path.begin()
     if isinstance(driver, psycopg.AsyncConnection):
 
@@ -326,22 +376,43 @@ def code_cost(path: Path, rows: int) -> float:
         driver.execute = nothing_async  # type: ignore[method-assign]
     else:
         driver.execute = lambda *arguments, **options: None
+    runs: dict[str, Callable[[], None]] = {
+        "write": partial(path.relayer_uncommitted, keys(rows, 0)),
+        "bare": partial(path.bare_uncommitted, bare_rows(path.outbox.store, rows, 0)),
+    }
+    if path.orm_uncommitted is not None:
+        runs["orm"] = partial(_without_cursor_execute, path.orm_uncommitted, runs["bare"])
+    fewest: dict[str, float] = {}
     try:
-        written = keys(rows, 0)
-        runs = []
         for _ in range(7):
-            started = time.process_time()
-            path.relayer_uncommitted(written)
-            runs.append((time.process_time() - started) / rows)
-        return min(runs)
+            for kind, run in runs.items():
+                started = time.process_time()
+                run()
+                spent = (time.process_time() - started) / rows
+                fewest[kind] = min(spent, fewest.get(kind, spent))
+        return fewest
     finally:
         del driver.execute
         path.end()
 
 
-def report(store: StoreSettings, rows: int, names: list[str]) -> list[str]:
+def _without_cursor_execute(
+    run: Callable[[list[tuple[Any, ...]]], None], bare: partial[None]
+) -> None:
+    """``run`` on the bare rows with psycopg's ``Cursor.execute`` replaced by nothing (the
+    libraries execute through a cursor of the driver connection)."""
+    original = psycopg.Cursor.execute
+    psycopg.Cursor.execute = lambda self, *arguments, **options: self  # type: ignore[method-assign]
+    try:
+        run(*bare.args)
+    finally:
+        psycopg.Cursor.execute = original  # type: ignore[method-assign]
+
+
+def report(store: StoreSettings, rows: int, names: list[str], in_situ: bool = True) -> list[str]:
     """The table: client CPU a row of each path, relayer against bare, and the difference;
-    the process's (the waker's thread included) and the main thread's alone."""
+    the process's (the waker's thread included) and the main thread's alone. Then the own
+    code's table (code_cost); ``in_situ`` False gives that one alone."""
     insert = queries_for(store.names)["insert_message"]
     lines = [
         f"client CPU a row (one row a transaction, committed; notify = {store.notify}; "
@@ -351,25 +422,40 @@ def report(store: StoreSettings, rows: int, names: list[str]) -> list[str]:
         "| main thread: Outbox.write / bare execute / difference |",
         "|---|---|---|",
     ]
-    code: list[str] = []
+    code = [
+        f"the writer's own code: µs a row with the driver's execute replaced by nothing (the "
+        f"fewest of 7 runs of {rows:,} rows in one open transaction, the kinds in turn)",
+        "| path | Outbox.write | bare execute (the driver connection reached through the "
+        "path's object) | the library's own execute | write - bare | write - library |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in names:
         path = PATHS[name](Outbox(store), insert)
         try:
-            costs = measure(path, store, rows)
-            code.append(f"{path.name} {code_cost(path, rows) * 1e6:.2f} µs")
+            if in_situ:
+                lines.append(_in_situ_line(path, measure(path, store, rows)))
+            else:
+                path.relayer(keys(BLOCK, 0))  # warm, as measure does
+            code.append(_code_line(path.name, code_cost(path, rows)))
         finally:
             path.close()
-        (process, main), (bare_process, bare_main) = (
-            costs["relayer"].median(),
-            costs["bare"].median(),
-        )
-        lines.append(
-            f"| {path.name} | {process * 1e6:.1f} / {bare_process * 1e6:.1f} / "
-            f"{(process - bare_process) * 1e6:+.1f} | {main * 1e6:.1f} / {bare_main * 1e6:.1f}"
-            f" / {(main - bare_main) * 1e6:+.1f} |"
-        )
-    lines.append(
-        "Outbox.write's own code, its execute replaced by nothing (the fewest of 7 runs of "
-        f"{rows:,} writes in one open transaction): " + ", ".join(code)
+    return (lines if in_situ else []) + code
+
+
+def _in_situ_line(path: Path, costs: dict[str, Costs]) -> str:
+    (process, main), (bare_process, bare_main) = (
+        costs["relayer"].median(),
+        costs["bare"].median(),
     )
-    return lines
+    return (
+        f"| {path.name} | {process * 1e6:.1f} / {bare_process * 1e6:.1f} / "
+        f"{(process - bare_process) * 1e6:+.1f} | {main * 1e6:.1f} / {bare_main * 1e6:.1f}"
+        f" / {(main - bare_main) * 1e6:+.1f} |"
+    )
+
+
+def _code_line(name: str, cost: dict[str, float]) -> str:
+    write, bare, orm = cost["write"] * 1e6, cost["bare"] * 1e6, cost.get("orm")
+    library = "-" if orm is None else f"{orm * 1e6:.2f}"
+    versus = "-" if orm is None else f"{write - orm * 1e6:+.2f}"
+    return f"| {name} | {write:.2f} | {bare:.2f} | {library} | {write - bare:+.2f} | {versus} |"

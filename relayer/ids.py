@@ -17,6 +17,9 @@ from uuid import UUID, SafeUUID
 
 _TAIL_BITS = 74  # 12 bits of rand_a + 62 bits of rand_b
 _TAIL_MAX = (1 << _TAIL_BITS) - 1
+_FRESH_MASK = (1 << (_TAIL_BITS - 1)) - 1
+_TAIL_BYTES = 10
+_RANDOM_TAILS = 64
 
 
 class _Clock:
@@ -26,16 +29,18 @@ class _Clock:
         self.lock = threading.Lock()
         self.last_ms = 0
         self.last_tail = 0
+        self._random = b""  # the OS's random bytes not used yet, from _taken on
+        self._taken = 0
 
     def next(self) -> tuple[int, int]:
         with self.lock:
             now_ms = time.time_ns() // 1_000_000
             if now_ms > self.last_ms:
-                self.last_ms, self.last_tail = now_ms, _fresh_tail()
+                self.last_ms, self.last_tail = now_ms, self._fresh_tail()
             elif self.last_tail < _TAIL_MAX:
                 self.last_tail += 1
             else:
-                self.last_ms, self.last_tail = self.last_ms + 1, _fresh_tail()
+                self.last_ms, self.last_tail = self.last_ms + 1, self._fresh_tail()
             return self.last_ms, self.last_tail
 
     def block(self, count: int) -> tuple[int, int]:
@@ -43,22 +48,34 @@ class _Clock:
         with self.lock:
             now_ms = time.time_ns() // 1_000_000
             if now_ms > self.last_ms:
-                self.last_ms, self.last_tail = now_ms, _fresh_tail()
+                self.last_ms, self.last_tail = now_ms, self._fresh_tail()
             else:
                 self.last_tail += 1
             if self.last_tail + count - 1 > _TAIL_MAX:
-                self.last_ms, self.last_tail = self.last_ms + 1, _fresh_tail()
+                self.last_ms, self.last_tail = self.last_ms + 1, self._fresh_tail()
             first = self.last_tail
             self.last_tail += count - 1
             return self.last_ms, first
 
+    def _fresh_tail(self) -> int:
+        """A random start for a new millisecond's counter, under the lock. The OS's random
+        bytes are read for _RANDOM_TAILS tails at once: a process writing a row a millisecond
+        or slower starts a new millisecond at nearly every id, and paid a system call each."""
+        at = self._taken
+        if at >= len(self._random):
+            self._random, at = os.urandom(_TAIL_BYTES * _RANDOM_TAILS), 0
+        self._taken = at + _TAIL_BYTES
+        # The top bit clear, so that a millisecond has at least 2**73 increments of headroom.
+        return int.from_bytes(self._random[at : at + _TAIL_BYTES], "big") & _FRESH_MASK
 
-def _fresh_tail() -> int:
-    # Keep the top bit clear so a millisecond has at least 2**73 increments of headroom.
-    return int.from_bytes(os.urandom(10), "big") & ((1 << (_TAIL_BITS - 1)) - 1)
+    def forget_random(self) -> None:
+        """In a forked child: the parent's unused random bytes are not reused (the two
+        processes would start their milliseconds' counters alike)."""
+        self._random, self._taken = b"", 0
 
 
 _clock = _Clock()
+os.register_at_fork(after_in_child=_clock.forget_random)
 _new_uuid = object.__new__
 _set = object.__setattr__
 _UNKNOWN_SAFETY = SafeUUID.unknown  # what UUID(int=...) records

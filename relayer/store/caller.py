@@ -11,6 +11,8 @@ an object is passed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 import psycopg
@@ -37,25 +39,36 @@ def require_transaction(
 
 def sync_connection(conn: Any, async_twin: str, sync_names: str) -> psycopg.Connection[Any]:
     """The sync psycopg connection of ``conn``; ``async_twin`` names the method to use instead
-    for async connections, ``sync_names`` the methods being called (for the error messages)."""
+    for async connections, ``sync_names`` the methods being called (for the error messages).
+    How to reach it is worked out once per type of ``conn`` (``_UNWRAP``): a write pays only
+    the look-ups that find its connection."""
     if isinstance(conn, psycopg.Connection):
         return conn
+    unwrap = _UNWRAP.get(type(conn))
+    if unwrap is None:
+        unwrap = _unwrapper(conn, async_twin, sync_names)
+        _UNWRAP[type(conn)] = unwrap
+    return unwrap(conn)
+
+
+def _unwrapper(
+    conn: Any, async_twin: str, sync_names: str
+) -> Callable[[Any], psycopg.Connection[Any]]:
+    """How to reach the psycopg connection under a ``conn`` of this type, or the UsageError
+    that says why it cannot be used (never remembered)."""
     if isinstance(conn, psycopg.AsyncConnection):
         raise UsageError(f"an async psycopg connection needs {async_twin}")
     module = type(conn).__module__
     if module.startswith("django."):
-        return connection_of(conn)
+        return connection_of
     if module.startswith("sqlalchemy"):
         from sqlalchemy.engine import Connection
         from sqlalchemy.orm import Session
 
         if isinstance(conn, Session):
-            conn = conn.connection()
+            return _session_driver
         if isinstance(conn, Connection):
-            driver = conn.connection.driver_connection
-            if isinstance(driver, psycopg.Connection):
-                return driver
-            raise driver_error(conn.dialect.driver)
+            return _sqlalchemy_driver
         raise UsageError(
             f"{type(conn).__name__} needs {async_twin}"
             if "asyncio" in module
@@ -67,6 +80,28 @@ def sync_connection(conn: Any, async_twin: str, sync_names: str) -> psycopg.Conn
         "psycopg connection, an SQLAlchemy Session/Connection (psycopg driver) or Django's "
         "connection"
     )
+
+
+def _session_driver(session: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection of an SQLAlchemy Session's transaction (begun if need be)."""
+    return _sqlalchemy_driver(session.connection())
+
+
+def _sqlalchemy_driver(conn: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection under an SQLAlchemy Connection. With the psycopg dialect the
+    pool's DBAPI connection is the psycopg connection itself (``driver_connection``, a property
+    for drivers that adapt one, costs several times more)."""
+    pooled = conn.connection
+    dbapi = pooled.dbapi_connection
+    if isinstance(dbapi, psycopg.Connection):
+        return dbapi
+    driver = pooled.driver_connection
+    if isinstance(driver, psycopg.Connection):
+        return driver
+    raise driver_error(conn.dialect.driver)
+
+
+_UNWRAP: dict[type, Callable[[Any], psycopg.Connection[Any]]] = {}
 
 
 async def async_connection(
@@ -84,8 +119,7 @@ async def async_connection(
             "asgiref's sync_to_async)"
         )
     if module.startswith("sqlalchemy"):
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-
+        AsyncConnection, AsyncSession = _sqlalchemy_async()
         if isinstance(conn, AsyncSession):
             conn = await conn.connection()
         if isinstance(conn, AsyncConnection):
@@ -103,6 +137,15 @@ async def async_connection(
         f"cannot use a {type(conn).__module__}.{type(conn).__name__} for {async_names}; pass a "
         "psycopg AsyncConnection or an SQLAlchemy AsyncSession/AsyncConnection (psycopg driver)"
     )
+
+
+@cache
+def _sqlalchemy_async() -> tuple[type[Any], type[Any]]:
+    """SQLAlchemy's AsyncConnection and AsyncSession, imported on first use (an import
+    statement costs a write more than a look-up)."""
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+    return AsyncConnection, AsyncSession
 
 
 def driver_error(driver: str) -> UsageError:
@@ -159,13 +202,15 @@ def transaction_ended_async(conn: psycopg.AsyncConnection[Any] | None) -> bool:
 def connection_of(wrapper: Any) -> psycopg.Connection[Any]:
     """The psycopg connection under a Django connection (``django.db.connection`` or
     ``connections[alias]``), which must be inside ``transaction.atomic()``."""
-    from django.utils.connection import ConnectionProxy
-
-    if isinstance(wrapper, ConnectionProxy):
-        # django.db.connection looks its connection up again at every attribute read: once.
-        from django.db import connections
-
-        wrapper = connections[wrapper.alias]
+    proxy, connections = _django()
+    if isinstance(wrapper, proxy):
+        # django.db.connection looks its connection up again at every attribute read (a
+        # thread-local look-up each): once, with the alias and handler the proxy was made with.
+        fields = wrapper.__dict__
+        alias = fields.get("_alias")
+        wrapper = fields.get("_connections", connections)[
+            alias if alias is not None else wrapper.alias
+        ]
     vendor = getattr(wrapper, "vendor", None)
     if vendor != "postgresql":
         raise UsageError(
@@ -190,3 +235,12 @@ def connection_of(wrapper: Any) -> psycopg.Connection[Any]:
             "psycopg2, and restart"
         )
     return raw
+
+
+@cache
+def _django() -> tuple[type[Any], Any]:
+    """Django's ConnectionProxy class and its connection handler, imported on first use."""
+    from django.db import connections
+    from django.utils.connection import ConnectionProxy
+
+    return ConnectionProxy, connections

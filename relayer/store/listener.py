@@ -184,16 +184,19 @@ async def receive(conn: Connection, seconds: float, deliver: Callable[[str, str]
             deliver(notice.relname.decode(encoding), notice.extra.decode(encoding))
 
     async with conn.lock:
-        readable()  # what the last statement's reply left in libpq's buffer comes first
-        loop.add_reader(socket, readable)
         try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(seconds):
-                    await lost
+            readable()  # what the last statement's reply left in libpq's buffer comes first
+            if not lost.done():
+                # Raises OSError for a socket closed meanwhile (the server ended the session).
+                loop.add_reader(socket, readable)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(seconds):
+                        await lost
         finally:
             loop.remove_reader(socket)
-            # Lost just as the bound ran out (or the task was cancelled): the error is taken
-            # here, so that it is raised below instead of being reported as never retrieved.
+            # Lost at once, just as the bound ran out, or with the task cancelled: the error is
+            # taken here, so that it is raised below instead of being reported as never
+            # retrieved.
             error = lost.exception() if lost.done() and not lost.cancelled() else None
     if error is not None:
         raise error

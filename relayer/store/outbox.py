@@ -102,6 +102,7 @@ class OutboxStatements:
         # A NOTIFY in the application's transaction (the other modes wake after the commit,
         # relayer.writer.waker, or not at all).
         self._in_transaction = store.notify == "in_transaction"
+        self._sequence_numbers = store.sequence_numbers
         self._insert = self._queries["insert_message"]
         self._insert_notify = self._queries["insert_message_notify"]
         self._reserve = self._queries["reserve_sequences"]
@@ -125,11 +126,14 @@ class OutboxStatements:
     def insert(self, connection: psycopg.Connection[Any], fields: Fields) -> Row:
         """Insert one message's row in ``connection``'s transaction; the row, with its id."""
         self._ready(connection)
-        if self.store.sequence_numbers and fields[1] is not None:
+        if self._sequence_numbers and fields[1] is not None:
             reserved = self._reserved(connection, [fields[1]])
             fields = self._stamp([fields], reserved)[0]
         row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers
-        connection.execute(*self._insert_statement(row), prepare=self._prepare)
+        if self._in_transaction and row[1] != UNORDERED_LANE:
+            connection.execute(*self._insert_statement(row), prepare=self._prepare)
+        else:  # _insert_statement's usual answer, without its call
+            connection.execute(self._insert, row, prepare=self._prepare)
         return row
 
     def insert_many(
@@ -153,8 +157,11 @@ class OutboxStatements:
     def _ready(self, connection: psycopg.Connection[Any]) -> None:
         """Refuse a connection outside a transaction, teach it EncodedJson, and check the
         store's recorded lane count once per store."""
-        require_transaction(connection, "outbox row")
-        self._teach(connection.adapters)
+        if connection.autocommit:  # require_transaction's question, asked only when it can fail
+            require_transaction(connection, "outbox row")
+        adapters = connection.adapters
+        if adapters is not self._taught:
+            self._teach(adapters)
         if self._meta is not None:
             return
         with self._meta_lock:
@@ -183,7 +190,7 @@ class OutboxStatements:
 
     async def insert_async(self, connection: psycopg.AsyncConnection[Any], fields: Fields) -> Row:
         await self._ready_async(connection)
-        if self.store.sequence_numbers and fields[1] is not None:
+        if self._sequence_numbers and fields[1] is not None:
             reserved = await self._reserved_async(connection, [fields[1]])
             fields = self._stamp([fields], reserved)[0]
         row: Row = (uuid7(), *fields)  # the id after the sequence's lock: same order as numbers

@@ -127,13 +127,18 @@ class RelayStore:
         # transaction pooler could hand the next transaction another server connection.
         self.wired = {
             name: wire.Statement(name, self.queries[name])
-            for name in ("set_local", "lock_lanes", "read_batch", "record_outcomes")
+            for name in (
+                "set_local",
+                "lock_lanes",
+                "read_batch",
+                "record_outcomes",
+                "probe",
+                "probe_share",
+            )
         }
         if store.storage == "partitioned":
             # Sent with the outcome statement, ahead of it (relayer/sql/partitioned.sql).
             self.wired["advance"] = wire.Statement("advance", self.queries["advance"])
-        self.probe_query = self.queries["probe"]
-        self.probe_share_query = self.queries["probe_share"]
         # An expression: one column of the idle watch's SELECT (``holds_rows``).
         self.holds_rows_query = self.queries["holds_rows"]
         self.prepare_batches = store.pooler != "transaction"
@@ -183,11 +188,8 @@ class RelayStore:
 
     async def probe(self, conn: Connection, lanes: Sequence[int]) -> list[LaneHead]:
         """Each of ``lanes``' head."""
-        with translated(self.store, "probe lanes"):
-            cursor = await conn.execute(
-                self.probe_query, {"lanes": wire.text_list(lanes), "limit": 1}
-            )
-            return _heads(await cursor.fetchall())
+        params = {"lanes": wire.text_list(lanes), "limit": 1}  # limit: partitioned storage's
+        return await self._probe(conn, "probe", params, "probe lanes")
 
     async def probe_share(
         self,
@@ -212,9 +214,19 @@ class RelayStore:
             "end": lanes.stop,
             "limit": 1,  # partitioned storage's head read (one row)
         }
-        with translated(self.store, "probe the share"):
-            cursor = await conn.execute(self.probe_share_query, params)
-            return _heads(await cursor.fetchall())
+        return await self._probe(conn, "probe_share", params, "probe the share")
+
+    async def _probe(
+        self, conn: Connection, name: str, params: Mapping[str, Any], doing: str
+    ) -> list[LaneHead]:
+        """A probe on ``conn`` (autocommit) through the short path to the wire, as a batch's
+        statements go: a hot store is probed every few milliseconds, and psycopg's cursors
+        cost the client about twice as much a round trip."""
+        with translated(self.store, doing):
+            results = await wire.run(
+                conn, [wire.Command(self.wired[name], params)], prepare=self.prepare_batches
+            )
+            return _heads(results.rows(0))
 
     async def lock_and_read(
         self,

@@ -106,9 +106,11 @@ class Outbox:
         )
         connection = sync_connection(conn, _ASYNC_NAMES, _SYNC_NAMES)
         row = self._statements.insert(connection, fields)
-        if self._wakes_after_commit and row[1] != UNORDERED_LANE:
-            self.waker.written(connection, {(self._channel, row[1])})
-        self._remember_unordered(conn, [row])
+        if row[1] != UNORDERED_LANE:
+            if self._wakes_after_commit:
+                (self._waker or self.waker).written(connection, {(self._channel, row[1])})
+        elif self.on_unordered is not None:
+            self.on_unordered(conn, [row[0]])
         return row[0]
 
     def write_many(self, conn: Any, messages: Iterable[OutboxMessage]) -> list[UUID]:
@@ -150,9 +152,11 @@ class Outbox:
         )
         connection = await async_connection(conn, _SYNC_NAMES, _ASYNC_NAMES)
         row = await self._statements.insert_async(connection, fields)
-        if self._wakes_after_commit and row[1] != UNORDERED_LANE:
-            self.waker.written_async(connection, {(self._channel, row[1])})
-        self._remember_unordered(conn, [row])
+        if row[1] != UNORDERED_LANE:
+            if self._wakes_after_commit:
+                (self._waker or self.waker).written_async(connection, {(self._channel, row[1])})
+        elif self.on_unordered is not None:
+            self.on_unordered(conn, [row[0]])
         return row[0]
 
     async def write_many_async(self, conn: Any, messages: Iterable[OutboxMessage]) -> list[UUID]:

@@ -1,3 +1,4 @@
+import os
 import threading
 import uuid
 
@@ -115,3 +116,27 @@ def test_uuid7_is_an_ordinary_uuid() -> None:
     assert value.is_safe is SafeUUID.unknown and value.bytes == same.bytes
     assert pickle.loads(pickle.dumps(value)) == value
     assert UUID(str(value)) == value
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX-only")
+def test_a_forked_child_does_not_reuse_its_parents_random_bytes() -> None:
+    """The OS's random bytes are read for many milliseconds' counters at once: a child forked
+    with some left must read its own, or parent and child would start their next
+    milliseconds' counters at the same values."""
+    from relayer.ids import _clock
+
+    with _clock.lock:
+        _clock._fresh_tail()  # bytes for more tails are left in the process
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next tail, to the parent
+        os.close(read)
+        with _clock.lock:
+            os.write(write, _clock._fresh_tail().to_bytes(10, "big"))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        childs = int.from_bytes(pipe.read(), "big")
+    os.waitpid(pid, 0)
+    with _clock.lock:
+        assert _clock._fresh_tail() != childs

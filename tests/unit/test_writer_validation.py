@@ -2,8 +2,8 @@ from datetime import datetime
 
 import pytest
 
-from relayer import OutboxMessage
-from relayer.errors import InvalidMessageError
+from relayer import Outbox, OutboxMessage
+from relayer.errors import InvalidMessageError, UsageError
 from relayer.settings import store_settings
 from relayer.writer.messages import validate, validate_all
 
@@ -189,3 +189,11 @@ def test_write_arguments_are_checked_as_a_message_is(
 def comparable(fields: tuple[object, ...]) -> tuple[object, ...]:
     """A row's fields with the headers' JSON as bytes (EncodedJson compares by identity)."""
     return tuple(getattr(value, "data", value) for value in fields)
+
+
+def test_an_object_that_is_no_connection_is_refused_every_time() -> None:
+    """How to reach a connection is remembered per type; a refusal never is."""
+    outbox = Outbox(STORE)
+    for _ in range(2):
+        with pytest.raises(UsageError, match=r"cannot use a builtins\.object for write"):
+            outbox.write(object(), destination="d", body=b"x")
