@@ -133,6 +133,18 @@ async def test_the_worker_relays_with_its_grants(
     assert pending(owner_store) == 0
 
 
+async def test_the_worker_relays_a_partitioned_store_with_its_grants(
+    owner_store: StoreSettings, role_of: RoleMaker
+) -> None:
+    store = owner_store.model_copy(update={"table_prefix": "parts_", "storage": "partitioned"})
+    await apply_schema(store)
+    worker = role_of("worker", store)
+    write(store, [f"customer-{n}" for n in range(20)], per_key=3, transport="memory")
+    broker = await relay_all(worker)
+    assert len(broker.received_all()) == 60
+    assert pending(store) == 0
+
+
 async def test_the_worker_relays_without_temp(
     owner_store: StoreSettings, role_of: RoleMaker
 ) -> None:
