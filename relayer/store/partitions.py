@@ -206,6 +206,12 @@ async def rotate(store: StoreSettings, *, settle: timedelta | None = None) -> Ro
         return await _rotate(conn, store, int(settle.total_seconds() * 1000))
     except psycopg.errors.LockNotAvailable as exc:
         return Rotation(skipped=exc.diag.message_primary or str(exc))
+    except psycopg.errors.InsufficientPrivilege as exc:
+        return Rotation(
+            skipped=f"{exc.diag.message_primary or exc}: only the tables' owner may create and "
+            f"drop partitions; set stores.{store.name}.admin_dsn to a connection as the owner "
+            "(the partitions ahead run out otherwise)"
+        )
     except psycopg.Error as exc:
         raise StoreError(f"store {store.name!r}: rotate partitions: {exc}") from exc
     finally:
