@@ -51,6 +51,14 @@ SELECT c.relkind::text FROM pg_catalog.pg_class AS c
 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relname = %(table)s
 
+-- name: partitioned_clock
+-- The database clock in Unix milliseconds: partitions are made ahead of it.
+SELECT (extract(epoch FROM pg_catalog.now()) * 1000)::int8
+
+-- name: partitioned_rotation_lock
+-- One rotation of a store at a time: a session lock, held until the rotation's connection ends.
+SELECT pg_catalog.pg_try_advisory_lock(%(key)s)
+
 -- name: partitioned_ensure_progress_rows
 INSERT INTO {progress} (lane)
 SELECT lane FROM pg_catalog.generate_series(0, %(lanes)s - 1) AS lane

@@ -111,7 +111,7 @@ async def ensure_partitions(conn: Connection, store: StoreSettings) -> tuple[str
     """Create the partitions missing from the last one's upper bound (or, for a new store, from
     MINVALUE) to PARTITIONS_AHEAD spans past the database clock; their names."""
     span = int(store.partition_span.total_seconds() * 1000)
-    cursor = await conn.execute("SELECT (extract(epoch FROM pg_catalog.now()) * 1000)::int8")
+    cursor = await conn.execute(queries_for(store.names)["partitioned_clock"])
     row = await cursor.fetchone()
     assert row is not None
     now_ms = int(row[0])
@@ -198,7 +198,7 @@ async def rotate(store: StoreSettings, *, settle: timedelta | None = None) -> Ro
             sql.SQL("SET lock_timeout = {}").format(sql.Literal(ROTATION_LOCK_TIMEOUT))
         )
         cursor = await conn.execute(
-            "SELECT pg_catalog.pg_try_advisory_lock(%s)", (_rotation_lock(store),)
+            queries_for(store.names)["partitioned_rotation_lock"], {"key": _rotation_lock(store)}
         )
         locked = await cursor.fetchone()
         if not (locked and locked[0]):
