@@ -162,10 +162,21 @@ async def relay_drain(environment: Environment, transport: str, lanes: int) -> R
         options = transport_options(environment, transport)
         store = await applied(
             make_store(
-                environment.dsn, schema_name, options, notify=True, name=schema_name, lanes=lanes
+                environment.dsn,
+                schema_name,
+                options,
+                notify=True,
+                name=schema_name,
+                lanes=lanes,
+                storage=arguments.storage,
             )
         )
-        config = write_config(store, options, folder, environment.arguments.store_options)
+        config = write_config(
+            store,
+            options,
+            folder,
+            [f'storage = "{arguments.storage}"', *environment.arguments.store_options],
+        )
         async with (
             destination(environment, transport) as target,
             await psycopg.AsyncConnection.connect(environment.dsn, autocommit=True) as monitor,
@@ -597,6 +608,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", help="default: RELAYER_BENCH_DSN, else an embedded PostgreSQL")
     parser.add_argument("--rows", type=bounded(int, 1), default=100_000)
+    parser.add_argument(
+        "--storage",
+        choices=("delete", "partitioned"),
+        default="delete",
+        help="the relay contenders' storage mode (docs/storage.md)",
+    )
     parser.add_argument(
         "--transport",
         dest="transports",

@@ -138,8 +138,23 @@ class DrainWatch:
             "SELECT lane, id FROM {} WHERE (lane, id) >= (%s, %s) ORDER BY lane, id LIMIT 1"
         ).format(table)
         self._bound: tuple[int, uuid.UUID] = (UNORDERED_LANE, uuid.UUID(int=0))
+        self._partitioned: psycopg.sql.Composed | None = None
+        if store.storage == "partitioned":  # sent rows stay: a lane is empty at its progress
+            names = store.names
+            self._partitioned = psycopg.sql.SQL(
+                "SELECT -1, NULL WHERE EXISTS (SELECT 1 FROM {held}) OR EXISTS (SELECT 1 FROM "
+                "{progress} AS g WHERE EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.lane = g.lane "
+                "AND o.id > g.done_id))"
+            ).format(
+                held=psycopg.sql.Identifier(names.schema, names.table("held")),
+                progress=psycopg.sql.Identifier(names.schema, names.table("progress")),
+                outbox=table,
+            )
 
     async def empty(self, conn: psycopg.AsyncConnection[Any]) -> bool:
+        if self._partitioned is not None:
+            cursor = await conn.execute(self._partitioned)
+            return await cursor.fetchone() is None
         cursor = await conn.execute(self._look, self._bound)
         row = await cursor.fetchone()
         if row is None:

@@ -28,6 +28,10 @@ TABLE_SUFFIXES: dict[str, str] = {
     "inbox_keys": "inbox_keys",
     "sequences": "sequences",
     "audit": "audit",
+    # Partitioned storage only (docs/storage.md): each lane's progress, and the rows a lane
+    # passed without finishing them.
+    "progress": "progress",
+    "held": "held",
 }
 # Every index relayer creates, by role. Counted in the length rule, since a truncated index name
 # would make `schema check` report drift forever.

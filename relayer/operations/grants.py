@@ -46,6 +46,14 @@ _TABLES: Mapping[Kind, Mapping[str, tuple[str, ...]]] = {
         "audit": ("SELECT", "INSERT"),  # every parked-key change is recorded (dashboard too)
     },
 }
+# With storage = "partitioned" (docs/storage.md), besides: each lane's progress and the held
+# rows. Rotation creates, attaches, detaches and drops partitions: the tables' owner does it,
+# through admin_dsn (no grant gives it).
+_PARTITIONED: Mapping[Kind, Mapping[str, tuple[str, ...]]] = {
+    "writer": {},
+    "worker": {"progress": ("SELECT", "INSERT", "UPDATE"), "held": _ALL},
+    "operator": {"progress": ("SELECT",), "held": ("SELECT", "UPDATE", "DELETE")},
+}
 # The argument types of the dispatch claim function (migration 0005), which a GRANT names.
 CLAIM_SLOTS_ARGUMENTS = (
     "boolean, boolean[], integer[], integer[], integer[], integer, integer[], integer[], "
@@ -86,6 +94,8 @@ def statements(store: StoreSettings, kind: Kind, role: str) -> list[sql.Composed
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(sql.Identifier(names.schema), grantee)
     )
     tables = dict(_TABLES[kind])
+    if store.storage == "partitioned":
+        tables.update(_PARTITIONED[kind])
     if kind == "writer" and store.sequence_numbers:
         tables["sequences"] = _SEQUENCES
     for table, privileges in tables.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from relayer.errors import ConfigurationError
 from relayer.settings import StoreSettings
 from relayer.sql import Migration, compose, latest_version, migrations, queries_for
 from relayer.store.drift import Drift, check, require_meta
@@ -49,6 +50,15 @@ def render(
     the migrations table and the metadata row. For a DBA to review, or for a migration tool
     (Flyway, Liquibase, Alembic, Django) to run; ``transaction=False`` leaves out BEGIN and
     COMMIT for tools that wrap each migration in a transaction of their own."""
+    if store.storage == "partitioned":
+        # Its first partitions follow the database clock when it is created (docs/storage.md).
+        raise ConfigurationError(
+            f"stores.{store.name}.storage",
+            store.storage,
+            "has no printed DDL yet: `relayer schema print` and `relayer schema sql` print "
+            "delete mode's; create a partitioned store with `relayer schema apply` "
+            "(docs/storage.md)",
+        )
     last = latest_version()
     end = last if end is None else end
     if not 0 <= start < end <= last:

@@ -65,6 +65,26 @@ NOTIFY_RULE = (
 )
 
 
+# How a store keeps its outbox (docs/storage.md): "delete" removes each sent row; "partitioned"
+# appends into range partitions, advances each lane's progress and drops passed partitions.
+Storage = Literal["delete", "partitioned"]
+STORAGE_MODES: tuple[Storage, ...] = ("delete", "partitioned")
+STORAGE_RULE = (
+    "must be 'delete' (each sent row is deleted: the default) or 'partitioned' (rows are "
+    "appended into range partitions, each lane's progress advances, passed partitions are "
+    "dropped; docs/storage.md)"
+)
+MIN_PARTITION_SPAN = timedelta(minutes=1)
+MAX_PARTITION_SPAN = timedelta(days=1)
+
+
+def check_storage(value: object) -> object:
+    """``storage``'s value: one of STORAGE_MODES."""
+    if value in STORAGE_MODES:
+        return value
+    raise ValueError(STORAGE_RULE)
+
+
 def check_notify(value: object) -> object:
     """``notify``'s value: one of NOTIFY_MODES; true is the default mode, false is 'off'."""
     if value is True:
@@ -120,6 +140,9 @@ class StoreSettings(BaseModel):
     retry_backoff_max: Duration = timedelta(minutes=5)
     max_body_bytes: Count = 16 * 1024 * 1024
     notify: Annotated[Notify, BeforeValidator(check_notify)] = "after_commit"
+    # How sent rows leave the outbox (docs/storage.md); a partition's span of ids (time).
+    storage: Annotated[Storage, BeforeValidator(check_storage)] = "delete"
+    partition_span: Duration = timedelta(minutes=10)
     # Wake-ups (writers' notifications) that arrive within this window are served together:
     # one probe-free pass and shared batch transactions instead of one each (0: at once).
     wake_linger: Duration = timedelta(milliseconds=3)
@@ -206,6 +229,15 @@ class StoreSettings(BaseModel):
     def _check_interval(cls, value: timedelta) -> timedelta:
         if not timedelta(0) < value <= timedelta(days=1):
             raise ValueError("must be greater than 0 and at most 1 day")
+        return value
+
+    @field_validator("partition_span")
+    @classmethod
+    def _check_partition_span(cls, value: timedelta) -> timedelta:
+        if not MIN_PARTITION_SPAN <= value <= MAX_PARTITION_SPAN:
+            raise ValueError("must be from 1 minute to 1 day")
+        if value.total_seconds() % 60:
+            raise ValueError("must be a whole number of minutes")
         return value
 
     @field_validator("inbox_retention")

@@ -120,12 +120,20 @@ def compose(
     return sql.SQL(template).format(**(identifiers(names) if values is None else values))
 
 
+# The named queries partitioned storage runs in place of delete mode's have this prefix
+# (relayer/sql/partitioned.sql, docs/storage.md).
+PARTITIONED = "partitioned_"
+
+
 class Queries:
     """Every named query of one store, each composed and rendered to text the first time it is
-    asked for (KeyError for a name no file defines)."""
+    asked for (KeyError for a name no file defines). ``storage``: the store's storage mode;
+    with "partitioned", a name that has a partitioned version (``partitioned_<name>``) gives
+    that version."""
 
-    def __init__(self, names: StoreNames) -> None:
+    def __init__(self, names: StoreNames, storage: str = "delete") -> None:
         self.names = names
+        self.storage = storage
         # A worker joining hundreds of stores makes every store's Queries, and each store uses
         # a fraction of them: composing them all up front took a sixth of a joining worker's
         # CPU. The store's identifiers are made once, not once per query.
@@ -133,6 +141,8 @@ class Queries:
         self._rendered: dict[str, LiteralString] = {}
 
     def __getitem__(self, name: str) -> LiteralString:
+        if self.storage == "partitioned" and PARTITIONED + name in raw_queries():
+            name = PARTITIONED + name
         found = self._rendered.get(name)
         if found is None:
             template = raw_queries()[name]
@@ -156,8 +166,9 @@ def _without_comment_lines(statement: str) -> LiteralString:
 
 
 @cache
-def queries_for(names: StoreNames) -> Queries:
-    return Queries(names)
+def queries_for(names: StoreNames, storage: str = "delete") -> Queries:
+    """The named queries of the store of ``names`` whose storage mode is ``storage``."""
+    return Queries(names, storage)
 
 
 @dataclass(frozen=True, slots=True)

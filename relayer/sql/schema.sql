@@ -46,11 +46,15 @@ WHERE t.relnamespace = %s AND t.relname = ANY(%s) AND k.contype IN ('c', 'u', 'f
 
 -- name: join_tables
 -- Stores of one database joining a worker together (relayer.store.joins), one row each, in
--- order: its metadata table's oid (NULL: never applied) and its schema's oid (NULL: missing).
--- The first array holds the metadata tables' quoted, qualified names, the second the schemas.
-SELECT pg_catalog.to_regclass(t.meta)::oid, n.oid
-FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[]))
-    WITH ORDINALITY AS t(meta, schema, place)
+-- order: its metadata table's oid (NULL: never applied), its schema's oid (NULL: missing) and
+-- its outbox's relkind ('p': partitioned storage). The first array holds the metadata tables'
+-- quoted, qualified names, the second the schemas, the third the outboxes' names.
+SELECT pg_catalog.to_regclass(t.meta)::oid, n.oid,
+       (SELECT c.relkind::text FROM pg_catalog.pg_class AS c
+        WHERE c.oid = pg_catalog.to_regclass(t.outbox))
+FROM ROWS FROM (pg_catalog.unnest(%s::text[]), pg_catalog.unnest(%s::text[]),
+                pg_catalog.unnest(%s::text[]))
+    WITH ORDINALITY AS t(meta, schema, outbox, place)
 LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = t.schema
 ORDER BY t.place
 

@@ -65,6 +65,7 @@ from relayer.store.connections import (
 )
 from relayer.store.driver import Connection
 from relayer.store.maintenance import DroppedKey, MaintenanceStore
+from relayer.store.partitions import Rotation, rotate
 from relayer.store.relay import (
     FENCE_MARK,
     LaneHead,
@@ -89,6 +90,7 @@ __all__ = [
     "Notifications",
     "Outcomes",
     "RelayStore",
+    "Rotation",
     "RowFailure",
     "Session",
     "StorePool",
@@ -100,5 +102,6 @@ __all__ = [
     "can_listen",
     "listen",
     "local_settings",
+    "rotate",
     "unordered_settings",
 ]

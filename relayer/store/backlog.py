@@ -47,7 +47,7 @@ async def read_backlog(
 ) -> Backlog:
     """The backlog of ``lanes``, with ``top`` lanes in detail; unordered rows too when lane 0
     is among them (one worker reports them)."""
-    queries = queries_for(store.names)
+    queries = queries_for(store.names, store.storage)
     with translated_verbatim():
         cursor = await conn.execute(
             queries["metrics_backlog"], {"lanes": sorted(lanes), "top": top}

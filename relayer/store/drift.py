@@ -21,6 +21,7 @@ from relayer.identifiers import TABLE_SUFFIXES, StoreNames
 from relayer.settings import StoreSettings
 from relayer.sql import Queries, compose, latest_version, migrations, queries_for
 from relayer.store.driver import Connection
+from relayer.store.partitions import check_storage, storage_of
 from relayer.store.schema import StoreMeta, read_meta, verify_meta
 
 _TEMP = "pg_temp"
@@ -92,6 +93,7 @@ async def require_meta(conn: Connection, store: StoreSettings) -> StoreMeta:
     schema, a lane-count mismatch, and tables that drifted from this version's migrations
     (what ``relayer schema check`` lists) instead of failing on them batch after batch."""
     meta = verify_meta(store, await read_meta(conn, store.names))
+    check_storage(store, await storage_of(conn, store))
     if meta.schema_version == latest_version():  # a newer schema is the newer relayer's to check
         try:
             drift = await check(conn, store)
@@ -177,8 +179,9 @@ async def expected_catalog(
 
 
 def index_definition(definition: str) -> str:
-    """An index's definition as compared: without its table's schema."""
-    return _QUALIFIER.sub(r" ON \1", definition)
+    """An index's definition as compared: without its table's schema, and without ONLY (the
+    index of a partitioned outbox, partitioned storage, is the same index)."""
+    return _QUALIFIER.sub(" ON ", definition)
 
 
 def _differences(table: str, expected: Catalog, live: Catalog) -> list[str]:

@@ -44,6 +44,7 @@ from relayer.store.drift import (
     index_definition,
 )
 from relayer.store.driver import DRIVER_ERRORS, Connection
+from relayer.store.partitions import check_storage
 from relayer.store.relay import RelayStore
 from relayer.store.schema import StoreMeta, meta_table, verify_meta
 from relayer.tasks import cancel_all
@@ -86,6 +87,8 @@ class JoinBatches:
         database that ask in this event-loop turn or while a batch runs. True when done; False
         when the batch could not tell (check on your own: ``RelayStore.prepare``). Raises the
         store's own trouble (SchemaNotAppliedError, LaneCountMismatchError, SchemaDriftError)."""
+        if store.store.storage == "partitioned":
+            return False  # its progress rows and partitioned catalog: RelayStore.prepare
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiting.append((store, future))
         if self._running is None:
@@ -166,9 +169,16 @@ async def check_stores(conn: Connection, stores: Sequence[RelayStore]) -> list[O
     names = [store.store.names for store in stores]
     async with _together(conn):
         cursor = await conn.execute(
-            queries["join_tables"], ([meta_table(n) for n in names], [n.schema for n in names])
+            queries["join_tables"],
+            (
+                [meta_table(n) for n in names],
+                [n.schema for n in names],
+                [f'"{n.schema}"."{n.table("outbox")}"' for n in names],
+            ),
         )
-    found = [(row[0], row[1]) for row in await cursor.fetchall()]
+    rows = await cursor.fetchall()
+    found = [(row[0], row[1]) for row in rows]
+    kinds = [_storage(row[2]) for row in rows]
     present = [place for place, (meta, _) in enumerate(found) if meta is not None]
     expected: dict[str, Catalog] = {}
     for place in present:  # built once per process and prefix (a rolled-back transaction)
@@ -181,6 +191,7 @@ async def check_stores(conn: Connection, stores: Sequence[RelayStore]) -> list[O
     for place, store in enumerate(stores):
         try:
             meta = verify_meta(store.store, metas.get(place))
+            check_storage(store.store, kinds[place])
             if meta.schema_version == latest_version():
                 live = _tables_of(catalogs.get(found[place][1]), checked_tables(names[place]))
                 drift = checksum_drift(recorded.get(place, {}))
@@ -192,6 +203,13 @@ async def check_stores(conn: Connection, stores: Sequence[RelayStore]) -> list[O
             continue
         outcomes.append(True)
     return await _lane_rows(conn, stores, outcomes)
+
+
+def _storage(relkind: str | None) -> str | None:
+    """The storage mode of an outbox of this relkind (None: no outbox)."""
+    if relkind is None:
+        return None
+    return "partitioned" if relkind == "p" else "delete"
 
 
 async def _read(

@@ -71,7 +71,7 @@ class MaintenanceStore:
 
     def __init__(self, store: StoreSettings) -> None:
         self.store = store
-        self.queries = queries_for(store.names)
+        self.queries = queries_for(store.names, store.storage)
 
     async def expire(
         self, conn: Connection, query: str, lock: int, retention: timedelta, limit: int
@@ -165,7 +165,7 @@ async def _read(
         )
     query = "store_health_and_retention" if with_retention else "store_health"
     cursor = await conn.execute(
-        queries_for(store.names)[query],
+        queries_for(store.names, store.storage)[query],
         params,
         prepare=False,  # once a cleanup_interval: not worth a prepared statement's memory
     )

@@ -83,7 +83,9 @@ async def read_parked(
 ) -> list[ParkedKey]:
     """Parked keys (or ``key`` alone), oldest first (the schema checked already)."""
     with translated_verbatim():
-        cursor = await conn.execute(queries_for(store.names)["parked_list"], {"key": key})
+        cursor = await conn.execute(
+            queries_for(store.names, store.storage)["parked_list"], {"key": key}
+        )
         rows = await cursor.fetchall()
     return [
         ParkedKey(
@@ -125,7 +127,7 @@ async def change_key(
     """Apply ``action`` (one of ACTIONS) to the parked ``key`` if ``guard`` (when given)
     still holds, with an audit row when the store has the table (``audited``).
     ``conn`` is autocommit: the change is one transaction of its own."""
-    queries = queries_for(store.names)
+    queries = queries_for(store.names, store.storage)
     with translated_verbatim():
         cursor = await conn.execute(queries["parked_key_state"], {"key": key})
         first_look = await cursor.fetchone()

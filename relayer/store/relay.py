@@ -118,7 +118,7 @@ class RelayStore:
 
     def __init__(self, store: StoreSettings) -> None:
         self.store = store
-        self.queries = queries_for(store.names)
+        self.queries = queries_for(store.names, store.storage)
         self.lease = store.lease_duration
         # Behind a transaction pooler each batch sets its own settings (else the pool's
         # connections carry them).
@@ -136,6 +136,11 @@ class RelayStore:
                 "probe_share",
             )
         }
+        if store.storage == "partitioned":
+            # Sent with the outcome statement, ahead of it (relayer/sql/partitioned.sql).
+            self.wired["advance"] = wire.Statement("advance", self.queries["advance"])
+        # An expression: one column of the idle watch's SELECT (``holds_rows``).
+        self.holds_rows_query = self.queries["holds_rows"]
         self.prepare_batches = store.pooler != "transaction"
 
     async def prepare(self, conn: Connection) -> None:
@@ -146,6 +151,10 @@ class RelayStore:
         with translated(self.store, "check the schema"):
             await require_meta(conn, self.store)
             await conn.execute(self.queries["ensure_lane_rows"], {"lanes": self.store.lanes})
+            if self.store.storage == "partitioned":
+                await conn.execute(
+                    self.queries["ensure_progress_rows"], {"lanes": self.store.lanes}
+                )
             await conn.commit()
 
     async def heartbeat(
@@ -179,7 +188,8 @@ class RelayStore:
 
     async def probe(self, conn: Connection, lanes: Sequence[int]) -> list[LaneHead]:
         """Each of ``lanes``' head."""
-        return await self._probe(conn, "probe", {"lanes": wire.text_list(lanes)}, "probe lanes")
+        params = {"lanes": wire.text_list(lanes), "limit": 1}  # limit: partitioned storage's
+        return await self._probe(conn, "probe", params, "probe lanes")
 
     async def probe_share(
         self,
@@ -202,6 +212,7 @@ class RelayStore:
             "skip": lane_bits(skip),
             "first": lanes.start,
             "end": lanes.stop,
+            "limit": 1,  # partitioned storage's head read (one row)
         }
         return await self._probe(conn, "probe_share", params, "probe the share")
 
@@ -292,7 +303,8 @@ class RelayStore:
         failures: Sequence[RowFailure],
     ) -> Outcomes:
         """Delete acknowledged rows (ids as UUID text, with their lanes), park failed keys and
-        commit, in one round trip.
+        commit, in one round trip (partitioned storage: advance each lane's progress instead,
+        copying the rows it passes unfinished into the held table, relayer/sql/partitioned.sql).
 
         Fenced by the lease token (UUID text) of every lane in ``tokens``: if a lease did not
         hold or a row was not there to delete, the statement raises FencedWriteError and
@@ -324,14 +336,12 @@ class RelayStore:
             "backoff_max": self.store.retry_backoff_max,
             "expected": len(acked),
         }
+        commands = [wire.Command(self.wired["record_outcomes"], params)]
+        if "advance" in self.wired:  # partitioned storage: progress first, then the outcomes
+            commands.insert(0, wire.Command(self.wired["advance"], params))
         try:
-            results = await wire.run(
-                conn,
-                [wire.Command(self.wired["record_outcomes"], params)],
-                commit=True,
-                prepare=self.prepare_batches,
-            )
-            [row] = results.rows(0)
+            results = await wire.run(conn, commands, commit=True, prepare=self.prepare_batches)
+            [row] = results.rows(len(commands) - 1)
         except DRIVER_ERRORS as exc:
             lost = _fence_lost(exc)
             if lost is not None:
@@ -390,7 +400,7 @@ async def holds_rows(
         for start in range(0, len(stores), HOLDS_ROWS_PER_STATEMENT):
             part = stores[start : start + HOLDS_ROWS_PER_STATEMENT]
             # Each column is a rendered named query (identifiers composed, no parameter).
-            statement = "SELECT " + ", ".join(store.queries["holds_rows"] for store in part)
+            statement = "SELECT " + ", ".join(store.holds_rows_query for store in part)
             cursor = await conn.execute(statement, prepare=prepare)
             row = await cursor.fetchone()
             assert row is not None

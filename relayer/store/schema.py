@@ -18,6 +18,7 @@ from relayer.errors import LaneCountMismatchError, SchemaNotAppliedError, StoreE
 from relayer.identifiers import StoreNames
 from relayer.settings import StoreSettings
 from relayer.sql import compose, latest_version, migrations, queries_for
+from relayer.store import partitions
 from relayer.store.driver import Connection
 
 
@@ -106,6 +107,7 @@ async def apply(conn: Connection, store: StoreSettings) -> ApplyResult:
                 )
                 applied.append(migration.label)
             meta = await read_meta(conn, names)
+            await _storage(conn, store, new=meta is None)
             if meta is None:
                 await conn.execute(queries["insert_meta"], (store.lanes, latest_version()))
             else:
@@ -116,9 +118,23 @@ async def apply(conn: Connection, store: StoreSettings) -> ApplyResult:
                     lanes_changed_from = meta.lanes
             await conn.execute(queries["trim_lane_rows"], {"lanes": store.lanes})
             await conn.execute(queries["ensure_lane_rows"], {"lanes": store.lanes})
+            if store.storage == "partitioned":
+                await conn.execute(
+                    queries["partitioned_ensure_progress_rows"], {"lanes": store.lanes}
+                )
     except psycopg.Error as exc:
         raise StoreError(f"store {store.name!r}: schema apply failed: {exc}") from exc
     return ApplyResult(tuple(applied), latest_version(), store.lanes, lanes_changed_from)
+
+
+async def _storage(conn: Connection, store: StoreSettings, *, new: bool) -> None:
+    """A store created by this apply with storage = "partitioned" is made partitioned; an
+    existing store configured for the other mode than its outbox has is refused (exit 2)."""
+    if new and store.storage == "partitioned":
+        if await partitions.storage_of(conn, store) != "partitioned":
+            await partitions.create_tables(conn, store)
+        return
+    partitions.check_storage(store, await partitions.storage_of(conn, store))
 
 
 async def _change_lane_count(conn: Connection, store: StoreSettings, recorded: int) -> None:

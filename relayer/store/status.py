@@ -45,7 +45,7 @@ class Cluster:
 
 async def read_cluster(conn: Connection, store: StoreSettings) -> Cluster:
     """``store``'s members, lane leases and pending rows (the schema checked already)."""
-    queries = queries_for(store.names)
+    queries = queries_for(store.names, store.storage)
     with translated_verbatim():
         cursor = await conn.execute(queries["status_members"])
         members = tuple(Member(row[0], row[1], float(row[2])) for row in await cursor.fetchall())
@@ -92,7 +92,7 @@ async def read_summary(conn: Connection, store: StoreSettings) -> StoreSummary:
     (SchemaNotAppliedError, saying what to run, before `schema apply`)."""
     with translated_verbatim():
         await require_schema(conn, store)
-        cursor = await conn.execute(queries_for(store.names)["status_summary"])
+        cursor = await conn.execute(queries_for(store.names, store.storage)["status_summary"])
         row = await cursor.fetchone()
     assert row is not None  # aggregates only: always one row
     pending, oldest, parked, waiting, members = row

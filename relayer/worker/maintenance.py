@@ -40,7 +40,15 @@ from relayer.observability.throttle import ThrottledLog, shape
 from relayer.operations.health import StoreHealth, with_warnings
 from relayer.relay.unordered import UnorderedSender
 from relayer.settings import StoreSettings
-from relayer.store import Connection, MaintenanceStore, Session, Transactions, UnorderedStore
+from relayer.store import (
+    Connection,
+    MaintenanceStore,
+    Rotation,
+    Session,
+    Transactions,
+    UnorderedStore,
+    rotate,
+)
 from relayer.transports.routing import Routing
 
 logger = logging.getLogger(__name__)
@@ -311,7 +319,7 @@ class Maintenance:
         async with self.session.connection("read the table health") as conn:
             health, retention_due = await self.db.look(conn)
         self._report(health)
-        if retention_due:
+        if retention_due or self.store.storage == "partitioned":  # partitions to rotate
             self._start_job(Task.CLEANUP)  # the next look comes when it has ended
             return
         self.last_cleanup = CleanupReport()  # a pass with nothing to delete
@@ -325,6 +333,28 @@ class Maintenance:
                 self.store.name,
                 warning,
                 extra={"action": "health", "store": self.store.name},
+            )
+
+    def _rotated(self, rotation: Rotation) -> None:
+        """Log what a rotation of the partitions did (docs/storage.md#rotation)."""
+        if rotation.created or rotation.dropped or rotation.finalized:
+            logger.info(
+                "store %s: partitions created %s, dropped %s, detaches finished %s",
+                self.store.name,
+                len(rotation.created),
+                len(rotation.dropped),
+                len(rotation.finalized),
+                extra={"action": "partitions_rotated", "store": self.store.name},
+            )
+        if rotation.skipped:
+            self.log.warning(
+                ("rotation_skipped", shape(rotation.skipped)),
+                "store %s: partition rotation stopped early: %s; it is tried again in "
+                "cleanup_interval (a transaction holding a lock on the outbox for that long "
+                "keeps passed partitions; look at pg_locks if it lasts)",
+                self.store.name,
+                rotation.skipped,
+                extra={"action": "rotation_skipped", "store": self.store.name},
             )
 
     def _failed(self, task: Task, exc: StoreError) -> float:
@@ -395,5 +425,7 @@ class Maintenance:
             report = await cleanup(conn, self.store)
             if self.session is None:  # no look read the health: read it here
                 self._report(await self.db.health(conn))
+        if self.store.storage == "partitioned":
+            self._rotated(await rotate(self.store))
         self.last_cleanup = report
         return interval if report.complete else 0.0

@@ -75,7 +75,7 @@ def validate_fields(
         and (store.default_transport is not None or not store.transports)
         and "opentelemetry.trace" not in sys.modules
     ):
-        if key is None:
+        if key is None and store.storage == "delete":
             return (
                 UNORDERED_LANE,
                 None,
@@ -121,6 +121,13 @@ def validate(store: StoreSettings, message: OutboxMessage) -> Fields:
         )
     key = message.key
     lane = UNORDERED_LANE
+    if key is None and store.storage == "partitioned":
+        raise InvalidMessageError(
+            "key",
+            key,
+            f"must be set: store {store.name!r} has storage = 'partitioned', which does not take "
+            "unordered messages yet (docs/storage.md); give the message a key",
+        )
     if key is not None:
         key = _text("key", key, MAX_KEY_BYTES)
         if not key:

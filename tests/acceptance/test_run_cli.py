@@ -10,6 +10,7 @@ import time
 import psycopg
 import pytest
 
+from relayer.ids import uuid7
 from relayer.settings import StoreSettings, WorkerSettings
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker
@@ -20,8 +21,19 @@ from tests.integration.relay.helpers import bodies_by_key, keys_in_lane, parked,
 
 @pytest.fixture
 async def memory_store(pg_dsn: str) -> StoreSettings:
+    return await memory_store_of(pg_dsn, "delete")
+
+
+@pytest.fixture(params=["delete", "partitioned"])
+async def either_store(pg_dsn: str, request: pytest.FixtureRequest) -> StoreSettings:
+    """memory_store, of each storage mode (docs/storage.md)."""
+    return await memory_store_of(pg_dsn, request.param)
+
+
+async def memory_store_of(pg_dsn: str, storage: str) -> StoreSettings:
     store = make_store(
         pg_dsn,
+        storage=storage,
         lanes=8,
         lease_duration="3s",
         poll_interval="0.1s",
@@ -42,6 +54,7 @@ def worker_env(store: StoreSettings) -> dict[str, str]:
         RELAYER_STORES__ORDERS__TRANSPORTS__MEMORY__TYPE="memory",
         RELAYER_STORES__ORDERS__DEFAULT_TRANSPORT="memory",
         RELAYER_WORKER__POOL_SIZE="4",
+        RELAYER_STORES__ORDERS__STORAGE=store.storage,
     )
 
 
@@ -110,15 +123,16 @@ def test_duplicate_store_names_are_refused(memory_store: StoreSettings) -> None:
 
 
 def test_unknown_transport_parks_only_its_key_and_can_be_dropped(
-    memory_store: StoreSettings,
+    either_store: StoreSettings,
 ) -> None:
+    memory_store = either_store
     bad, good = keys_in_lane(memory_store, 3, 2)
     with psycopg.connect(memory_store.require_dsn(), autocommit=True) as conn:
         for _ in range(3):
             conn.execute(
                 "INSERT INTO orders_outbox (id, lane, ordering_key, transport, destination, body) "
-                "VALUES (gen_random_uuid(), 3, %s, 'sqs', 'events', 'x')",
-                (bad,),
+                "VALUES (%s, 3, %s, 'sqs', 'events', 'x')",
+                (uuid7(), bad),  # a UUIDv7, as relayer's writers make (a partition bound)
             )
     write(memory_store, [good], per_key=3)
     process = subprocess.Popen(
@@ -143,7 +157,8 @@ def test_unknown_transport_parks_only_its_key_and_can_be_dropped(
     assert parked(memory_store) == {}
 
 
-async def test_redrive_delivers_the_rest_of_the_key_in_order(memory_store: StoreSettings) -> None:
+async def test_redrive_delivers_the_rest_of_the_key_in_order(either_store: StoreSettings) -> None:
+    memory_store = either_store
     bad, good = keys_in_lane(memory_store, 5, 2)
     broker = MemoryTransport("memory")
     broker.fail_key(bad, message="consumer rejected the schema")

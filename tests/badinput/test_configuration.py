@@ -92,6 +92,16 @@ CASES: list[tuple[CliCase, str]] = [
         "serializes its commits) or 'off' (the workers find rows by polling)",
     ),
     (
+        CliCase("storage-not-a-mode", PRINT, {STORE + "STORAGE": "truncate"}),
+        "stores.orders.storage: 'truncate' is invalid: must be 'delete' (each sent row is "
+        "deleted: the default) or 'partitioned' (rows are appended into range partitions, each "
+        "lane's progress advances, passed partitions are dropped; docs/storage.md)",
+    ),
+    (
+        CliCase("partition-span-too-short", PRINT, {STORE + "PARTITION_SPAN": "30s"}),
+        "stores.orders.partition_span: '30s' is invalid: must be from 1 minute to 1 day",
+    ),
+    (
         CliCase("default-transport-not-configured", PRINT, {STORE + "DEFAULT_TRANSPORT": "kafka"}),
         "stores.orders.default_transport: 'kafka' is invalid: must name one of this store's "
         "transports (none)",

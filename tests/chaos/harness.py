@@ -581,7 +581,9 @@ class Run:
             time.sleep(0.1)
         codes = self.workers.stop()
         logs = self.workers.all_logs()
-        self.report.stale_rollbacks = logs.count("fenced delete matched")
+        self.report.stale_rollbacks = logs.count("fenced delete matched") + logs.count(
+            "fenced progress matched"
+        )
         received = self.target.read_all()
         written = read_written(self.store)
         if self.target.rereadable:

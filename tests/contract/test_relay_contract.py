@@ -1,4 +1,5 @@
-"""The relay over every transport: one lane batch with a bad destination in it.
+"""The relay over every transport: one lane batch with a bad destination in it, in each
+storage mode (docs/storage.md).
 
 The transport-level suite checks outcomes; this one checks what the protocol makes of them:
 the key sent to the bad destination is parked with the transport's actionable message, and the
@@ -49,11 +50,12 @@ def database(request: pytest.FixtureRequest, pg_dsn: str) -> tuple[str, dict[str
 
 
 @pytest.mark.usefixtures("wire_path")
+@pytest.mark.parametrize("storage", ["delete", "partitioned"])
 async def test_a_bad_destination_parks_only_its_key(
-    broker: Broker, transport: Transport, database: tuple[str, dict[str, Any]]
+    broker: Broker, transport: Transport, database: tuple[str, dict[str, Any]], storage: str
 ) -> None:
     dsn, pooling = database
-    store = await relay_store(dsn, transport, **pooling)
+    store = await relay_store(dsn, transport, storage=storage, **pooling)
     good_destination = await broker.destination()
     bad_key, *good_keys = keys_in_lane(store, 2, 4)
     write(store, good_keys, per_key=5, destination=good_destination)

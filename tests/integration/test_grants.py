@@ -11,7 +11,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 import pytest
@@ -20,6 +20,7 @@ from psycopg import sql
 from relayer import Outbox, OutboxMessage
 from relayer.operations.grants import Kind, render
 from relayer.settings import StoreSettings, WorkerSettings
+from relayer.store import rotate
 from relayer.transports.memory import MemoryTransport
 from relayer.worker import Worker
 from tests.acceptance.cli import environment, relayer
@@ -131,6 +132,31 @@ async def test_the_worker_relays_with_its_grants(
     broker = await relay_all(worker)
     assert len(broker.received_all()) == 60
     assert pending(owner_store) == 0
+
+
+def newest_partition(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute(
+        "SELECT max(substr(relname, 10)) FROM pg_catalog.pg_class "
+        "WHERE relkind = 'r' AND relname ~ '^parts_op_[0-9]'"
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def test_the_worker_relays_a_partitioned_store_with_its_grants(
+    owner_store: StoreSettings, role_of: RoleMaker
+) -> None:
+    store = owner_store.model_copy(update={"table_prefix": "parts_", "storage": "partitioned"})
+    await apply_schema(store)
+    worker = role_of("worker", store)
+    write(store, [f"customer-{n}" for n in range(20)], per_key=3, transport="memory")
+    broker = await relay_all(worker)
+    assert len(broker.received_all()) == 60
+    assert pending(store) == 0
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:  # one partition to make
+        conn.execute("DROP TABLE parts_op_" + newest_partition(conn))
+    refused = await rotate(worker)  # no grant lets a worker's role rotate: admin_dsn does
+    assert refused.skipped is not None and "admin_dsn" in refused.skipped
 
 
 async def test_the_worker_relays_without_temp(

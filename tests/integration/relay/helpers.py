@@ -66,8 +66,16 @@ def write(
 
 
 def pending(store: StoreSettings) -> int:
+    """The rows not sent yet (partitioned storage: held rows, and rows above progress)."""
+    prefix = store.table_prefix
+    query = f"SELECT count(*) FROM {prefix}outbox"
+    if store.storage == "partitioned":
+        query = (
+            f"SELECT (SELECT count(*) FROM {prefix}held) + (SELECT count(*) FROM {prefix}outbox "
+            f"AS o JOIN {prefix}progress AS g ON g.lane = o.lane WHERE o.id > g.done_id)"
+        )
     with psycopg.connect(store.require_dsn()) as conn:
-        row = conn.execute(f"SELECT count(*) FROM {store.table_prefix}outbox").fetchone()
+        row = conn.execute(query).fetchone()
     assert row is not None
     return int(row[0])
 
