@@ -15,6 +15,7 @@ in the worker (relayer.store.databases); ``open`` attaches to them and ``close``
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -34,6 +35,8 @@ from relayer.settings import StoreSettings
 from relayer.store import RelayStore
 from relayer.store.databases import Database
 from relayer.transports.routing import Routing
+
+logger = logging.getLogger(__name__)
 
 
 class StoreRelay:
@@ -159,6 +162,15 @@ class StoreRelay:
             await self.close()
             raise
         self.opened = True
+        if self.store.storage == "partitioned":
+            logger.warning(
+                "store %s: storage = 'partitioned' is not ready for production: a row whose "
+                "transaction commits after its lane has sent a newer row is never sent "
+                "(docs/storage.md, 'What is not done yet'); keep storage = 'delete' for "
+                "messages you cannot lose",
+                self.store.name,
+                extra={"action": "storage_experimental", "store": self.store.name},
+            )
 
     def stop(self) -> None:
         """The worker is stopping or the store leaving it: no batch starts, and batches in

@@ -154,12 +154,17 @@ async def test_a_bad_store_in_a_batch_is_refused_alone_and_the_others_join(
         "lanes": "configured lanes=2 but the store was created with lanes=4",
         "drifted": "its tables differ from schema version",
         "broken": 'column "lanes" does not exist',
+        "partitioned": "was created for storage = 'partitioned'",
     }
     fleet = fleet_of(pg_dsn, tmp_path, good + list(bad))
     template = fleet.templates["tenants"]
     for schema in [*good, "drifted", "broken"]:
         await apply_schema(template.model_copy(update={"db_schema": schema}))
     await apply_schema(template.model_copy(update={"db_schema": "lanes", "lanes": 4}))
+    # Its outbox was made for partitioned storage; the template says delete (the default).
+    await apply_schema(
+        template.model_copy(update={"db_schema": "partitioned", "storage": "partitioned"})
+    )
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA never")
         conn.execute("DROP INDEX drifted.relayer_parked_lane")
