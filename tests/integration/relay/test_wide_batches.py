@@ -71,11 +71,21 @@ async def test_a_backlog_over_many_lanes_goes_out_in_few_wide_transactions(pg_ds
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
+        schedule = runtime.relay.schedule
+
+        def settled() -> bool:
+            # Every row sent, and the lanes' last scans (below) have run: none is due or
+            # running (each waits for the 20 s poll now).
+            return (
+                pending(store) == 0
+                and schedule.due_count(schedule.now()) == 0
+                and schedule.queue.running == 0
+            )
+
         for _ in range(1200):
-            if pending(store) == 0:
+            if settled():
                 break
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # the lanes' last scans (below) have run
     finally:
         stop.set()
         await task
