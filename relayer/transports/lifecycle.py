@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from relayer.transports.base import ClosesWithin, Transport
 
@@ -113,3 +115,20 @@ async def close_transport(transport: Transport, seconds: float) -> None:
             exc,
             extra={"action": "transport_close_failed"},
         )
+
+
+async def wait_then_abandon(
+    pending: Collection[asyncio.Future[Any]], deadline: float, late: Callable[[int], None]
+) -> None:
+    """Wait for ``pending`` (a closing transport's sends) until ``deadline`` (time.monotonic);
+    those still unanswered then are told to ``late`` (their count, to log), cancelled and
+    waited for: their rows fail as "will be sent again"."""
+    if not pending:
+        return
+    _, unanswered = await asyncio.wait(pending, timeout=max(deadline - time.monotonic(), 0))
+    if not unanswered:
+        return
+    late(len(unanswered))
+    for task in unanswered:
+        task.cancel()
+    await asyncio.wait(unanswered)

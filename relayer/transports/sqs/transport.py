@@ -23,6 +23,7 @@ from relayer.transports.base import (
     SendError,
 )
 from relayer.transports.gate import Gate
+from relayer.transports.lifecycle import wait_then_abandon
 from relayer.transports.options import Options, TransportOptionError
 from relayer.transports.publishing import Outcome, QueuingTransport
 from relayer.transports.sqs import encoding, outcomes
@@ -294,6 +295,15 @@ class SQSTransport(QueuingTransport):
         self._gate.leave()
         item.settle(error)
 
+    def _closes_unanswered(self, count: int) -> None:
+        logger.warning(
+            "SQS transport %s closes with %s batches unanswered; their rows are sent again by "
+            "the next owner",
+            self._name,
+            count,
+            extra={"action": "transport_close", "rows": count},
+        )
+
     async def close_within(self, seconds: float) -> None:
         """``close``, returning within ``seconds`` (and ``close_timeout``) whatever SQS does:
         a stopping worker passes what is left of its stop budget. Batches still unanswered
@@ -303,20 +313,7 @@ class SQSTransport(QueuingTransport):
         self._closed = True
         deadline = time.monotonic() + max(min(seconds, self._close_timeout), 0.0)
         self._flush()
-        pending = list(self._sending)
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=max(deadline - time.monotonic(), 0))
-            if late:
-                logger.warning(
-                    "SQS transport %s closes with %s batches unanswered; their rows are sent "
-                    "again by the next owner",
-                    self._name,
-                    len(late),
-                    extra={"action": "transport_close", "rows": len(late)},
-                )
-                for task in late:
-                    task.cancel()
-                await asyncio.wait(late)
+        await wait_then_abandon(list(self._sending), deadline, self._closes_unanswered)
         stack, self._stack, self._client = self._stack, None, None
         if stack is not None:
             closing = asyncio.ensure_future(stack.aclose())

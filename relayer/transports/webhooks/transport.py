@@ -22,6 +22,7 @@ from relayer.transports.base import (
     SendError,
 )
 from relayer.transports.gate import Gate
+from relayer.transports.lifecycle import wait_then_abandon
 from relayer.transports.options import Options, TransportOptionError
 from relayer.transports.publishing import Outcome, QueuingTransport
 from relayer.transports.stalls import StallNotice
@@ -273,6 +274,15 @@ class WebhookTransport(QueuingTransport):
                 self._notice.refused(len(self._requests), self._answered_at)
             return outcomes.unreachable(target.shown, exc), False
 
+    def _closes_unanswered(self, count: int) -> None:
+        logger.warning(
+            "webhook transport %s closes with %s requests unanswered; their rows are sent "
+            "again by the next owner",
+            self._name,
+            count,
+            extra={"action": "transport_close", "rows": count},
+        )
+
     async def close_within(self, seconds: float) -> None:
         """``close``, returning within ``seconds`` (and ``close_timeout``) whatever the
         endpoints do: a stopping worker passes what is left of its stop budget. Requests still
@@ -281,20 +291,7 @@ class WebhookTransport(QueuingTransport):
             return
         self._closed = True
         deadline = time.monotonic() + max(min(seconds, self._close_timeout), 0.0)
-        pending = list(self._requests.values())
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=max(deadline - time.monotonic(), 0))
-            if late:
-                logger.warning(
-                    "webhook transport %s closes with %s requests unanswered; their rows are "
-                    "sent again by the next owner",
-                    self._name,
-                    len(late),
-                    extra={"action": "transport_close", "rows": len(late)},
-                )
-                for task in late:
-                    task.cancel()
-                await asyncio.wait(late)
+        await wait_then_abandon(list(self._requests.values()), deadline, self._closes_unanswered)
         client, self._client = self._client, None
         if client is not None:
             await client.aclose()
