@@ -17,11 +17,11 @@
 -- at most the budget, and the states "paused" or "open", exactly as the claim function would
 -- return them, without calling it (a PL/pgSQL call was most of the claim's server time: one
 -- claim a batch transaction at a steady rate). Otherwise the function decides.
-WITH requested AS MATERIALIZED (
+WITH every_queue AS MATERIALIZED (
+    SELECT coalesce(pg_catalog.bool_or(a.paused), false) AS paused FROM {queues} a WHERE a.queue = '*'
+), requested AS MATERIALIZED (
     SELECT u.ordinal,
-           coalesce(q.paused, false)
-               OR coalesce((SELECT pg_catalog.bool_or(a.paused) FROM {queues} a WHERE a.queue = '*'),
-                           false) AS paused,
+           coalesce(q.paused, false) OR (SELECT paused FROM every_queue) AS paused,
            q.concurrency_limit
     FROM pg_catalog.json_array_elements_text(%(queues)s::json) WITH ORDINALITY AS u(queue, ordinal)
     LEFT JOIN {queues} q ON q.queue = u.queue
@@ -33,7 +33,7 @@ WITH requested AS MATERIALIZED (
 SELECT claimed.* FROM (
 SELECT c.wanted_position, c.queue_position, c.granted_slot, c.queue_state, c.queue_limit
 FROM {claim_slots}(
-    (SELECT coalesce(pg_catalog.bool_or(a.paused), false) FROM {queues} a WHERE a.queue = '*'),
+    (SELECT paused FROM every_queue),
     ARRAY(SELECT r.paused FROM requested r ORDER BY r.ordinal),
     ARRAY(SELECT r.concurrency_limit FROM requested r ORDER BY r.ordinal),
     pg_catalog.string_to_array(%(keys)s, ',')::integer[],

@@ -44,7 +44,7 @@ from relayer.store.drift import (
     index_definition,
 )
 from relayer.store.driver import DRIVER_ERRORS, Connection
-from relayer.store.partitions import check_storage
+from relayer.store.partitions import check_storage, storage_of_relkind
 from relayer.store.relay import RelayStore
 from relayer.store.schema import StoreMeta, meta_table, verify_meta
 from relayer.tasks import cancel_all
@@ -178,7 +178,7 @@ async def check_stores(conn: Connection, stores: Sequence[RelayStore]) -> list[O
         )
     rows = await cursor.fetchall()
     found = [(row[0], row[1]) for row in rows]
-    kinds = [_storage(row[2]) for row in rows]
+    kinds = [storage_of_relkind(row[2]) for row in rows]
     present = [place for place, (meta, _) in enumerate(found) if meta is not None]
     expected: dict[str, Catalog] = {}
     for place in present:  # built once per process and prefix (a rolled-back transaction)
@@ -203,13 +203,6 @@ async def check_stores(conn: Connection, stores: Sequence[RelayStore]) -> list[O
             continue
         outcomes.append(True)
     return await _lane_rows(conn, stores, outcomes)
-
-
-def _storage(relkind: str | None) -> str | None:
-    """The storage mode of an outbox of this relkind (None: no outbox)."""
-    if relkind is None:
-        return None
-    return "partitioned" if relkind == "p" else "delete"
 
 
 async def _read(

@@ -82,9 +82,14 @@ async def storage_of(conn: Connection, store: StoreSettings) -> str | None:
         {"schema": names.schema, "table": names.table("outbox")},
     )
     row = await cursor.fetchone()
-    if row is None:
+    return None if row is None else storage_of_relkind(row[0])
+
+
+def storage_of_relkind(relkind: str | None) -> str | None:
+    """The storage mode of an outbox of this pg_class relkind (None: no outbox)."""
+    if relkind is None:
         return None
-    return "partitioned" if row[0] == "p" else "delete"
+    return "partitioned" if relkind == "p" else "delete"
 
 
 def check_storage(store: StoreSettings, found: str | None) -> None:
