@@ -5,6 +5,7 @@ mode.
     python bench/soak.py [--modes delete,partitioned] [--rate 15000] [--minutes M]
                          [--hold-minutes 10] [--sample-seconds 60] [--batch 50] [--writers 4]
                          [--lock-sample] [--json FILE] [--plot FILE.svg] [--rounds 1]
+                         [--partition-span 10m]
     python bench/soak.py --find-max [--rate 5000] [--step-factor 1.25] [--step-samples 3]
     python bench/soak_plot.py FILE.json FILE.svg      # the plot of an earlier run
 
@@ -15,8 +16,10 @@ is removed when the mode ends, on Ctrl-C too. The store has 64 lanes and every o
 default; ``relayer run`` relays it to the memory transport, its metrics on a local port.
 ``--writers`` processes commit ``--batch`` rows a transaction (``Outbox.write_many``, 200-byte
 bodies, 10,000 keys) at ``--rate`` rows/s together for ``--minutes`` (default: 10 M rows or
-30 minutes, whichever is shorter); one session holds a REPEATABLE READ snapshot (it has read
-the outbox) for ``--hold-minutes`` in the middle of the run.
+30 minutes, whichever is shorter); one session holds a REPEATABLE READ snapshot for
+``--hold-minutes`` in the middle of the run, as a report would: it has read a table of its own
+(``--hold-reads-outbox``: the outbox, which also keeps partitioned mode's rotation from
+detaching a partition until it ends).
 
 Every ``--sample-seconds`` one line per mode:
 - rows written and sent per second (sent: the worker's relayer_messages_sent counter), and the
@@ -81,6 +84,8 @@ from relayer.errors import ConfigurationError
 from relayer.settings import StoreSettings, load_settings
 
 STORE = "soak"
+# The table the held snapshot's transaction reads (an application's, not relayer's).
+REPORT_TABLE = "soak_report"
 MAX_ROWS = 10_000_000
 MAX_MINUTES = 30.0
 
@@ -199,17 +204,19 @@ async def find_max(
     return sustained, False, f"--minutes ran out at {rate:,.0f}/s"
 
 
-def storage_settings(mode: str, dsn: str) -> dict[str, Any] | None:
-    """The store settings of ``mode``; None, said in one line, if the store refuses it. Without
-    the ``storage`` setting (a relayer before it), a store deletes: "delete" needs none."""
+def storage_settings(mode: str, dsn: str, span: str | None = None) -> dict[str, Any] | None:
+    """The store settings of ``mode`` (``span``: partitioned mode's partition_span, else its
+    default); None, said in one line, if the store refuses it. Without the ``storage`` setting
+    (a relayer before it), a store deletes: "delete" needs none."""
+    extra = {"partition_span": span} if span and mode == "partitioned" else {}
     try:
-        make_store(dsn, STORE, name=STORE, storage=mode)
+        make_store(dsn, STORE, name=STORE, storage=mode, **extra)
     except ConfigurationError as exc:
         if mode == "delete":
             return {}
         print(f"{mode}: skipped: the store refuses storage = {mode!r}: {exc}")
         return None
-    return {"storage": mode}
+    return {"storage": mode, **extra}
 
 
 @contextlib.asynccontextmanager
@@ -234,7 +241,7 @@ async def run_mode(mode: str, arguments: argparse.Namespace) -> dict[str, Any] |
     """One mode on a cluster of its own: its samples, and its highest rate under --find-max."""
     plan = schedule(arguments)
     with private_postgres(Path(arguments.postgres_bin)) as server:
-        settings = storage_settings(mode, server.dsn)
+        settings = storage_settings(mode, server.dsn, arguments.partition_span)
         if settings is None:
             return None
         print(f"{mode}: {server_version(server.dsn)}, autovacuum on, on its own port")
@@ -256,7 +263,12 @@ async def measure(
 ) -> dict[str, Any]:
     writers = Writers(config, STORE, arguments.writers, arguments.batch, arguments.rate)
     locks = LockSampler(server.dsn) if arguments.lock_sample else None
-    table = sql.Identifier(store.db_schema, store.names.table("outbox"))
+    if arguments.hold_reads_outbox:
+        table = sql.Identifier(store.db_schema, store.names.table("outbox"))
+    else:
+        table = sql.Identifier("public", REPORT_TABLE)
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (x int)").format(table))
     held = HeldSnapshot(server.dsn, table)
     async with await psycopg.AsyncConnection.connect(
         server.dsn, autocommit=True, application_name="soak-monitor"
@@ -367,6 +379,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--json", help="write the samples to this file")
     add("--plot", help="render an SVG of the samples to this file")
     add("--postgres-bin", default=str(POSTGRES_BIN))
+    add(
+        "--hold-reads-outbox",
+        action="store_true",
+        help="the held snapshot's transaction reads the outbox (default: a table of its own, as "
+        "a report does); it then also keeps partitioned mode's rotation from detaching",
+    )
+    add(
+        "--partition-span",
+        help="partitioned mode's partition_span (default: the store's, 10m); a short span "
+        "rotates partitions within a short run",
+    )
     arguments = parser.parse_args(argv)
     arguments.modes = [mode.strip() for mode in arguments.modes.split(",") if mode.strip()]
     positive = (

@@ -116,7 +116,9 @@ class Monitor:
         reads = []
         lanes = self.store.lanes
         for lane in sorted({index * lanes // self.read_lanes for index in range(self.read_lanes)}):
-            cursor = await self.conn.execute(explain, {"lanes": wire.text_list([lane])})
+            # limit: partitioned storage's head read (one row), as RelayStore.probe passes it.
+            params = {"lanes": wire.text_list([lane]), "limit": 1}
+            cursor = await self.conn.execute(explain, params)
             row = await cursor.fetchone()
             assert row is not None
             found = row[0] if isinstance(row[0], list) else json.loads(row[0])

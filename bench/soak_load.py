@@ -153,7 +153,7 @@ class Writers:
 
 
 class HeldSnapshot:
-    """A session in a REPEATABLE READ transaction that has read the outbox: vacuum cannot
+    """A session in a REPEATABLE READ transaction that has read ``table``: vacuum cannot
     remove any row version deleted after it started until ``release``."""
 
     def __init__(self, dsn: str, table: sql.Composable) -> None:

@@ -106,8 +106,7 @@ SELECT (SELECT h.id::text FROM {progress} AS g
             (SELECT m.id FROM {outbox} AS m WHERE m.lane = g.lane AND m.id > g.done_id
              ORDER BY m.id LIMIT 1)
             UNION ALL
-            (SELECT m.id FROM {outbox} AS m WHERE m.lane = g.lane AND {_late}
-             ORDER BY m.id LIMIT 1)
+            (SELECT late.id FROM ({_late_rows}) AS late ORDER BY late.id LIMIT 1)
         ) AS h
         ORDER BY h.id LIMIT 1),
        (extract(epoch FROM pg_catalog.now()) * 1000)::int8
@@ -116,9 +115,18 @@ SELECT (SELECT h.id::text FROM {progress} AS g
 -- A fragment: outbox row m of the lane whose progress row is g is one of its late rows: at
 -- or below the lane's done_id, written by a transaction the progress snapshot did not see
 -- (so committed after the lane passed its id, or still open). Through the (lane, xid) index:
--- every transaction from the snapshot's xmin on, then each tested against the snapshot.
-m.xid >= pg_catalog.pg_snapshot_xmin(g.snap) AND m.id <= g.done_id
-AND NOT pg_catalog.pg_visible_in_snapshot(m.xid, g.snap)
+-- every transaction from the snapshot's xmin to the statement's own xmax (no row of a later
+-- one is visible; the pair of bounds makes the planner count few rows, where one bound made
+-- it walk the primary key), then each tested against the snapshot.
+m.xid >= pg_catalog.pg_snapshot_xmin(g.snap)
+AND m.xid < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())
+AND m.id <= g.done_id AND NOT pg_catalog.pg_visible_in_snapshot(m.xid, g.snap)
+
+-- name: _late_rows
+-- A fragment: the late rows of the lane whose progress row is g, in no order. OFFSET 0 keeps
+-- an ORDER BY id ... LIMIT around it from making the planner walk the lane's primary key (every
+-- sent row below done_id) instead of the (lane, xid) index.
+SELECT m.* FROM {outbox} AS m WHERE m.lane = g.lane AND {_late} OFFSET 0
 
 -- name: _pending_outbox_row
 -- A fragment: outbox row m of the lane whose progress row is g is pending (not held).
@@ -155,11 +163,11 @@ FROM (
          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now()))
      ORDER BY m.id LIMIT %(limit)s)
     UNION ALL
-    (SELECT m.* FROM {outbox} AS m
-     WHERE m.lane = l.lane AND {_late} AND m.ordering_key NOT IN (
+    (SELECT late.* FROM ({_late_rows}) AS late
+     WHERE late.ordering_key NOT IN (
          SELECT p.ordering_key FROM {parked} AS p
          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now()))
-     ORDER BY m.id LIMIT %(limit)s)
+     ORDER BY late.id LIMIT %(limit)s)
 ) AS o
     ORDER BY o.id
     LIMIT %(limit)s
@@ -169,7 +177,7 @@ FROM (
 (EXISTS (SELECT 1 FROM {held} AS h WHERE h.lane >= 0)
  OR EXISTS (SELECT 1 FROM {progress} AS g
             WHERE EXISTS (SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND m.id > g.done_id)
-               OR EXISTS (SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND {_late})))
+               OR EXISTS ({_late_rows})))
 
 -- name: partitioned_probe
 {_head_columns}
@@ -268,8 +276,9 @@ WHERE (m.lane, m.id) NOT IN (SELECT lane, id FROM acked)
 UNION ALL
 SELECT m.* FROM reach
 JOIN {outbox} AS m ON m.lane = reach.lane
-    AND m.xid >= pg_catalog.pg_snapshot_xmin(reach.old_snap) AND m.id <= reach.old_id
-    AND NOT pg_catalog.pg_visible_in_snapshot(m.xid, reach.old_snap)
+    AND m.xid >= pg_catalog.pg_snapshot_xmin(reach.old_snap)
+    AND m.xid < pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())
+    AND m.id <= reach.old_id AND NOT pg_catalog.pg_visible_in_snapshot(m.xid, reach.old_snap)
 
 -- name: partitioned_record_outcomes
 -- The second statement (see partitioned_advance, whose changes it sees): as relay.sql's
@@ -330,8 +339,9 @@ SELECT (SELECT n FROM sent),
 -- progress and its late rows), as a FROM item named o: what delete mode's outbox holds.
 (SELECT h.* FROM {held} AS h
  UNION ALL
- SELECT m.* FROM {outbox} AS m JOIN {progress} AS g ON g.lane = m.lane
- WHERE {_pending_outbox_row})
+ SELECT m.* FROM {outbox} AS m JOIN {progress} AS g ON g.lane = m.lane WHERE m.id > g.done_id
+ UNION ALL
+ SELECT late.* FROM {progress} AS g CROSS JOIN LATERAL ({_late_rows}) AS late)
 AS o
 
 -- name: partitioned_status_pending
@@ -438,7 +448,9 @@ WITH owned AS (
     CROSS JOIN LATERAL (
         SELECT 1 FROM {held} AS h WHERE h.lane = g.lane
         UNION ALL
-        SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND {_pending_outbox_row}
+        SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND m.id > g.done_id
+        UNION ALL
+        SELECT 1 FROM ({_late_rows}) AS late
     ) AS x
     GROUP BY g.lane
 ), pending AS (
@@ -454,8 +466,7 @@ WITH owned AS (
             (SELECT m.id, m.created_at FROM {outbox} AS m WHERE m.lane = c.lane AND m.id > g.done_id
              ORDER BY m.id LIMIT 1)
             UNION ALL
-            (SELECT m.id, m.created_at FROM {outbox} AS m WHERE m.lane = c.lane AND {_late}
-             ORDER BY m.id LIMIT 1)
+            (SELECT late.id, late.created_at FROM ({_late_rows}) AS late ORDER BY late.id LIMIT 1)
         ) AS o
         ORDER BY o.id LIMIT 1
     ) AS h
@@ -518,10 +529,9 @@ SELECT ARRAY(SELECT name FROM tables ORDER BY name),
                       AND (m.deliver_at IS NULL OR m.deliver_at <= pg_catalog.now())
                     ORDER BY m.id LIMIT 1)
                    UNION ALL
-                   (SELECT m.id, m.created_at, m.deliver_at FROM {outbox} AS m
-                    WHERE m.lane = g.lane AND {_late}
-                      AND (m.deliver_at IS NULL OR m.deliver_at <= pg_catalog.now())
-                    ORDER BY m.id LIMIT 1)
+                   (SELECT late.id, late.created_at, late.deliver_at FROM ({_late_rows}) AS late
+                    WHERE late.deliver_at IS NULL OR late.deliver_at <= pg_catalog.now()
+                    ORDER BY late.id LIMIT 1)
                ) AS o
                ORDER BY o.id LIMIT 1
            ) AS d

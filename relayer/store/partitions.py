@@ -21,7 +21,9 @@ would queue every writer and worker behind it); every step that locks the outbox
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
@@ -40,6 +42,11 @@ PARTITIONS_AHEAD = 10
 # How long a rotation step waits for a lock on the outbox before giving up (it is tried again
 # at the next rotation): short, so that writers and workers never queue behind it.
 ROTATION_LOCK_TIMEOUT = "200ms"
+# How long a DETACH ... CONCURRENTLY (or FINALIZE) waits for the transactions that used the
+# outbox before it to end. Nobody queues behind that wait (new transactions no longer see the
+# partition, and its lock on the outbox blocks no reader or writer), so it may be longer than
+# ROTATION_LOCK_TIMEOUT: on a busy database some transaction is always a few hundred ms old.
+DETACH_WAIT_TIMEOUT = "5s"
 # The comment rotation puts on a partition before it detaches it to drop it.
 DROPPING = "relayer: passed by every lane; being detached and dropped"
 STORAGE_PROCEDURE = "docs/storage.md#moving-a-store-between-modes"
@@ -236,7 +243,8 @@ async def _rotate(conn: Connection, store: StoreSettings, settle_ms: int) -> Rot
     for partition in await list_partitions(conn, store):
         if partition.detach_pending:  # a DETACH CONCURRENTLY that did not finish
             table = sql.Identifier(names.schema, partition.name)
-            await conn.execute(detach + sql.SQL("{} FINALIZE").format(table))
+            async with _waiting(conn):
+                await conn.execute(detach + sql.SQL("{} FINALIZE").format(table))
             await _drop_detached(conn, store, partition.name)
             finalized.append(partition.name)
     cursor = await conn.execute(
@@ -266,10 +274,23 @@ async def _rotate(conn: Connection, store: StoreSettings, settle_ms: int) -> Rot
         await conn.execute(
             sql.SQL("COMMENT ON TABLE {} IS {}").format(table, sql.Literal(DROPPING))
         )
-        await conn.execute(detach + sql.SQL("{} CONCURRENTLY").format(table))
+        async with _waiting(conn):
+            await conn.execute(detach + sql.SQL("{} CONCURRENTLY").format(table))
         await _drop_detached(conn, store, partition.name)
         dropped.append(partition.name)
     return Rotation(tuple(created), tuple(dropped), tuple(finalized))
+
+
+@contextlib.asynccontextmanager
+async def _waiting(conn: Connection) -> AsyncIterator[None]:
+    """A detach's lock_timeout (DETACH_WAIT_TIMEOUT), set back to ROTATION_LOCK_TIMEOUT after."""
+    await conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(DETACH_WAIT_TIMEOUT)))
+    try:
+        yield
+    finally:
+        await conn.execute(
+            sql.SQL("SET lock_timeout = {}").format(sql.Literal(ROTATION_LOCK_TIMEOUT))
+        )
 
 
 async def _drop_detached(conn: Connection, store: StoreSettings, name: str) -> None:

@@ -22,7 +22,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 def test_a_tiny_soak_samples_and_writes_its_json_and_plot(tmp_path: Path) -> None:
     result = subprocess.run(
         [
-            sys.executable, str(SCRIPT), "--modes", "delete,no-such-mode", "--rate", "200",
+            sys.executable, str(SCRIPT), "--modes", "delete,partitioned,no-such-mode",
+            "--rate", "200", "--partition-span", "1m",
             "--minutes", "0.1", "--hold-minutes", "0.03", "--sample-seconds", "2",
             "--writers", "1", "--batch", "10", "--lock-sample",
             "--json", str(tmp_path / "soak.json"), "--plot", str(tmp_path / "soak.svg"),
@@ -36,18 +37,22 @@ def test_a_tiny_soak_samples_and_writes_its_json_and_plot(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no-such-mode: skipped: the store refuses storage = 'no-such-mode'" in result.stdout
     results = json.loads((tmp_path / "soak.json").read_text())
-    [run] = results["runs"]
-    assert run["mode"] == "delete" and run["kind"] == "soak"
-    samples = run["samples"]
-    assert len(samples) == 3  # 6 s, a sample every 2 s
-    # Held over 1.8 s in the middle: the intervals whose middle (1, 3, 5 s) is in 2.1-3.9 s.
-    assert [sample["held"] for sample in samples] == [False, True, False]
-    for sample in samples:
-        assert sample["store_mb"] > 0 and sample["read_ms_max"] >= sample["read_ms_p50"] >= 0
-        assert sample["lock_wait_ms"] is not None and sample["partitions"] == 0
+    delete, partitioned = results["runs"]
+    for run in (delete, partitioned):
+        assert run["kind"] == "soak"
+        samples = run["samples"]
+        assert len(samples) == 3  # 6 s, a sample every 2 s
+        # Held over 1.8 s in the middle: the intervals whose middle (1, 3, 5 s) is in 2.1-3.9 s.
+        assert [sample["held"] for sample in samples] == [False, True, False]
+        for sample in samples:
+            assert sample["store_mb"] > 0 and sample["read_ms_max"] >= sample["read_ms_p50"] >= 0
+            assert sample["lock_wait_ms"] is not None
+            # The outbox's partitions: a minute's span, and the spans made ahead of the clock.
+            assert (sample["partitions"] > 10) is (run is partitioned)
+    assert (delete["mode"], partitioned["mode"]) == ("delete", "partitioned")
     assert "head read" in result.stdout and "µs/msg" in result.stdout
     svg = (tmp_path / "soak.svg").read_text()
-    assert svg.startswith("<svg") and svg.count("<polyline") == 3  # a panel, one mode
+    assert svg.startswith("<svg") and svg.count("<polyline") == 6  # 3 panels, a line per mode
 
 
 def test_the_plot_of_two_modes_has_a_line_per_mode_in_each_panel() -> None:

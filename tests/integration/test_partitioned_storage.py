@@ -23,6 +23,7 @@ from relayer.relay.batch import LaneRelay
 from relayer.relay.results import Scan
 from relayer.settings import StoreSettings
 from relayer.store import RelayStore, drift, rotate, status
+from relayer.store import partitions as partitions_module
 from relayer.store.backlog import read_backlog
 from relayer.store.maintenance import read_table_health
 from relayer.store.partitions import DROPPING, PARTITIONS_AHEAD, list_partitions, ms_of
@@ -41,6 +42,13 @@ from tests.integration.unordered.helpers import run_worker_until
 
 MEMBER = "member-a"
 NOW = timedelta(0)  # rotate's settle: partitions wholly in the past may go
+
+
+@pytest.fixture(autouse=True)
+def short_detach_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests keep a detach waiting on purpose (a transaction that has read the outbox): it
+    gives up after 200 ms here, not after the production wait."""
+    monkeypatch.setattr(partitions_module, "DETACH_WAIT_TIMEOUT", "200ms")
 
 
 @pytest.fixture
