@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the commands import these when they run; the parser need no
     from relayer.dispatch.control import QueueStatus
     from relayer.operations.health import StoreHealth
     from relayer.operations.parked import ParkedKey
+    from relayer.operations.partitions import RotationReport
     from relayer.operations.schema import Drift
     from relayer.operations.status import StoreStatus, StoreSummary
 
@@ -71,13 +72,31 @@ def health(found: StoreHealth) -> Document:
                 "dead_ratio": table.dead_ratio,
                 "last_vacuum": iso(table.last_vacuum),
                 "size_bytes": table.size_bytes,
+                "partitions": table.partitions,
             }
             for table in found.tables
         ],
+        "partitions_ahead_seconds": found.partitions_ahead_seconds,
         "unordered_failing": found.unordered_failing,
         "unordered_max_attempts": found.unordered_max_attempts,
         "unordered_last_error": found.unordered_last_error,
         "warnings": list(found.warnings),
+    }
+
+
+def rotation(report: RotationReport) -> Document:
+    """``relayer partitions rotate --json``: what the rotation did, and the partitions after."""
+    done, found = report.rotation, report.partitions
+    return {
+        "store": report.store,
+        "read_at": now(),
+        "created": list(done.created),
+        "dropped": list(done.dropped),
+        "finalized": list(done.finalized),
+        "skipped": done.skipped,
+        "partitions": found.partitions,
+        "size_bytes": found.size_bytes,
+        "partitions_ahead_seconds": found.ahead_seconds,
     }
 
 

@@ -229,6 +229,14 @@ def render_health(health: StoreHealth) -> list[str]:
             f"  {table.table:<26} {table.live_rows:>8,} {table.dead_rows:>9,} "
             f"{table.dead_ratio:>6.0%}  {vacuumed:<14} {_size(table.size_bytes):>9}"
         )
+    for table in health.tables:
+        if table.partitions is not None:
+            lines.append(f"  {table.table}: the sum over its {table.partitions:,} partitions")
+    if health.partitions_ahead_seconds is not None:
+        lines.append(
+            f"  the newest partition reaches {health.partitions_ahead_seconds:,.0f} s ahead "
+            "of the database clock"
+        )
     for warning in health.warnings:
         lines.append(f"  warning: {warning}")
     if not health.warnings:

@@ -1,4 +1,5 @@
-"""A store's table health: dead tuples, last vacuum, sizes, the oldest due row, failing rows.
+"""A store's table health: dead tuples, last vacuum, sizes, the oldest due row, failing rows,
+and for a partitioned store how far ahead of the database clock its partitions reach.
 
 An outbox is a queue table: every row is inserted and deleted soon after, so it lives on
 autovacuum. When vacuum falls behind (a long transaction, an abandoned replication slot, a
@@ -22,11 +23,13 @@ from relayer.store.maintenance import (
     TableHealth,
     read_table_health,
 )
+from relayer.store.partitions import PARTITIONS_AHEAD
 
 __all__ = [
     "DEAD_RATIO_WARNING",
     "DEAD_ROWS_WARNING",
     "DUE_AGE_WARNING",
+    "PARTITIONS_AHEAD_WARNING",
     "StoreHealth",
     "TableHealth",
     "read_health",
@@ -36,6 +39,9 @@ __all__ = [
 
 # A due row older than this means the relay is not keeping up (or a key waits for an operator).
 DUE_AGE_WARNING = timedelta(minutes=5)
+# Fewer partition spans than this ahead of the database clock means rotation is not keeping up
+# (it makes PARTITIONS_AHEAD of them); when none is left, writers fail (docs/storage.md).
+PARTITIONS_AHEAD_WARNING = PARTITIONS_AHEAD // 2
 
 
 async def read_health(conn: Connection, store: StoreSettings) -> StoreHealth:
@@ -69,6 +75,9 @@ def warnings_of(health: StoreHealth, store: StoreSettings) -> tuple[str, ...]:
             f"the oldest due row has waited {health.oldest_due_age_seconds:,.0f} s: check that "
             f"workers run (`relayer status {store.name}`), parked keys and the broker"
         )
+    partitions = _partitions_warning(health, store)
+    if partitions:
+        warnings.append(partitions)
     if health.unordered_failing:
         warnings.append(
             f"{health.unordered_failing:,} unordered rows are failing (up to "
@@ -76,6 +85,24 @@ def warnings_of(health: StoreHealth, store: StoreSettings) -> tuple[str, ...]:
             f"{health.unordered_last_error}); they are retried until they go through"
         )
     return tuple(warnings)
+
+
+def _partitions_warning(health: StoreHealth, store: StoreSettings) -> str | None:
+    """Whether a partitioned store's partitions ahead run out soon, and what to do."""
+    ahead = health.partitions_ahead_seconds
+    span = store.partition_span.total_seconds()
+    if ahead is None or ahead >= PARTITIONS_AHEAD_WARNING * span:
+        return None
+    when = f"in {ahead:,.0f} s" if ahead > 0 else "already"
+    return (
+        f"the partitions ahead of the database clock run out {when} (fewer than "
+        f"{PARTITIONS_AHEAD_WARNING} of the {PARTITIONS_AHEAD} spans of partition_span rotation "
+        'keeps ahead); writers then fail with "no partition of relation ... found for row": '
+        "rotation is not keeping up: look for rotation_skipped in the logs of the worker "
+        f"leading the cleanup, set stores.{store.name}.admin_dsn to the tables' owner or run "
+        f"`relayer partitions rotate {store.name}`, and keep cleanup_interval under "
+        f"{PARTITIONS_AHEAD_WARNING} x partition_span"
+    )
 
 
 def _ago(moment: datetime) -> str:

@@ -4,22 +4,27 @@ a task lock, dropping keys that waited too long for an operator, and the table h
 Statements live in ``relayer/sql/maintenance.sql`` and ``inbox.sql``; each method of
 :class:`MaintenanceStore` runs its own transaction(s) on ``conn`` (autocommit off) and raises
 StoreError for driver errors. :func:`read_table_health` is also what ``relayer status`` and
-the dashboard read, in their own transaction. The health is read here without warnings: what
-an operator should look at is relayer.operations.health's (``warnings_of``, ``with_warnings``),
-which re-exports the values defined here.
+the dashboard read, in their own transaction. For a partitioned store the outbox's line is the
+sum over its partitions, with their count, and the health says how far ahead of the database
+clock the newest partition reaches (:func:`read_partition_health`, ``partition_ops.sql``).
+The health is read here without warnings: what an operator should look at is
+relayer.operations.health's (``warnings_of``, ``with_warnings``), which re-exports the values
+defined here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from relayer.identifiers import TABLE_SUFFIXES
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
 from relayer.store.driver import Connection, translated
+from relayer.store.partitions import ms_of
 
 # Dead tuples that make a table bloated: at least this many, and this share of its tuples
 # (docs/operations.md).
@@ -34,6 +39,9 @@ class TableHealth:
     dead_rows: int
     last_vacuum: datetime | None  # the later of the last autovacuum and manual vacuum
     size_bytes: int  # table, indexes and TOAST
+    # A partitioned outbox: how many partitions the other values are summed over (None: a
+    # table of its own).
+    partitions: int | None = None
 
     @property
     def dead_ratio(self) -> float:
@@ -53,6 +61,21 @@ class StoreHealth:
     unordered_max_attempts: int
     unordered_last_error: str | None
     warnings: tuple[str, ...]  # empty as read here (relayer.operations.health.with_warnings)
+    # A partitioned store: how far ahead of the database clock its newest partition reaches,
+    # in seconds (a writer's row past it is refused); None in delete mode.
+    partitions_ahead_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionHealth:
+    """A partitioned outbox's partitions, summed (:func:`read_partition_health`)."""
+
+    partitions: int
+    live_rows: int  # the statistics' estimate, sent rows included until their partition goes
+    dead_rows: int
+    last_vacuum: datetime | None  # the latest of any partition's
+    size_bytes: int
+    ahead_seconds: float  # the newest partition's upper bound less the database clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +158,8 @@ class MaintenanceStore:
 
 async def read_table_health(conn: Connection, store: StoreSettings) -> StoreHealth:
     """Read the health of ``store``'s tables, without warnings (read-only, one statement
-    reading the outbox and the catalog only, so an operator's role can run it; cheap enough
-    for every status call)."""
+    reading the outbox and the catalog only, so an operator's role can run it, and for a
+    partitioned store one more of the catalog; cheap enough for every status call)."""
     health, _ = await _read(conn, store, with_retention=False)
     return health
 
@@ -181,4 +204,44 @@ async def _read(
     shown = redact(error) if error else error  # a broker's URL in it may hold a password
     health = StoreHealth(found, float(due_age), int(failing), int(attempts), shown, ())
     retention_due = bool(row[9]) if with_retention else False
+    if store.storage == "partitioned":
+        health = _with_partitions(health, store, await read_partition_health(conn, store))
     return health, retention_due
+
+
+async def read_partition_health(conn: Connection, store: StoreSettings) -> PartitionHealth:
+    """``store``'s outbox partitions summed, and how far ahead of the database clock the newest
+    reaches (negative: passed; no partition: 0). Catalog reads only; driver errors as raised."""
+    names = store.names
+    cursor = await conn.execute(
+        queries_for(names)["partition_health"],
+        {"parent": f'"{names.schema}"."{names.table("outbox")}"'},
+        prepare=False,
+    )
+    row = await cursor.fetchone()
+    assert row is not None  # an aggregate: one row
+    count, live, dead, vacuumed, size, upper, clock_ms = row
+    ahead = 0.0 if upper is None else (ms_of(UUID(upper)) - int(clock_ms)) / 1000
+    return PartitionHealth(int(count), int(live), int(dead), vacuumed, int(size), ahead)
+
+
+def _with_partitions(
+    health: StoreHealth, store: StoreSettings, found: PartitionHealth
+) -> StoreHealth:
+    """``health`` with the outbox's line the sum of its partitions (a partitioned table has no
+    storage of its own) and how far ahead they reach."""
+    outbox = store.names.table("outbox")
+    tables = tuple(
+        TableHealth(
+            table.table,
+            found.live_rows,
+            found.dead_rows,
+            found.last_vacuum,
+            found.size_bytes,
+            found.partitions,
+        )
+        if table.table == outbox
+        else table
+        for table in health.tables
+    )
+    return replace(health, tables=tables, partitions_ahead_seconds=found.ahead_seconds)

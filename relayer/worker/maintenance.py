@@ -209,6 +209,7 @@ class Maintenance:
         self.recovery_failed = 0
         self.last_cleanup: CleanupReport | None = None
         self.last_health: StoreHealth | None = None
+        self._health_read_at = 0.0  # self.now() when last_health was read
         # Recovery looks in a row that found no unordered row at all: the next look waits twice
         # as long after each, up to 2**RECOVERY_IDLE_DOUBLINGS x maintenance_interval (idle
         # stores of a large fleet cost a query each every maintenance_interval otherwise).
@@ -325,8 +326,19 @@ class Maintenance:
         self.last_cleanup = CleanupReport()  # a pass with nothing to delete
         self._looks[Task.CLEANUP] = self.now() + self.store.cleanup_interval.total_seconds()
 
+    def partitions_ahead(self) -> float | None:
+        """How far ahead of the database clock the newest partition reaches now, in seconds:
+        what the last health read found (before its rotation: the low point of a cleanup
+        interval) less the time since, so it keeps falling if the reads stop. None unless this
+        worker leads a partitioned store's cleanup and has read its health."""
+        health = self.last_health
+        if not self._leading or health is None or health.partitions_ahead_seconds is None:
+            return None
+        return health.partitions_ahead_seconds - (self.now() - self._health_read_at)
+
     def _report(self, health: StoreHealth) -> None:
         self.last_health = health = with_warnings(health, self.store)
+        self._health_read_at = self.now()
         for warning in health.warnings:
             logger.warning(
                 "store %s: %s",

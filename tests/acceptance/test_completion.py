@@ -21,10 +21,15 @@ CONFIG = (
 )
 # (the words typed, the last one being completed; what bash offers)
 BASH_CASES = [
-    (["relayer", ""], "schema run status parked queue dashboard demo dev completion"),
+    (
+        ["relayer", ""],
+        "schema run status parked queue partitions dashboard demo dev completion",
+    ),
     (["relayer", "schema", ""], "print sql apply check grants"),
     (["relayer", "--config", "{config}", "schema", "sql", "o"], "orders"),
     (["relayer", "parked", ""], "list redrive drop"),
+    (["relayer", "partitions", ""], "rotate"),
+    (["relayer", "--config", "{config}", "partitions", "rotate", "b"], "billing"),
     (["relayer", "status", "--"], "--help --all --json --check --max-lag"),
     (["relayer", "--log-level", ""], "DEBUG INFO WARNING ERROR"),
     (["relayer", "schema", "grants", "orders", "--for", "w"], "writer worker"),
@@ -91,6 +96,7 @@ def test_fish_completes_commands_options_and_store_names(config: Path) -> None:
         'complete -C "relayer parked "',
         'complete -C "relayer status --"',
         f'complete -C "relayer --config {config} status "',
+        f'complete -C "relayer --config {config} partitions rotate "',
     ]
     result = subprocess.run(
         ["fish", "--no-config", "-c", "; echo ---; ".join(commands)],
@@ -101,13 +107,14 @@ def test_fish_completes_commands_options_and_store_names(config: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    _, parked, status, stores = [
+    _, parked, status, stores, rotated = [
         [line.split("\t")[0] for line in part.strip().splitlines()]
         for part in ("\n" + result.stdout).split("---")
     ]
     assert parked == ["drop", "list", "redrive"]
     assert {"--json", "--check", "--max-lag"} <= set(status)
     assert stores == ["billing", "orders"]
+    assert rotated == ["billing", "orders"]
 
 
 def test_zsh_registers_the_completion(config: Path) -> None:

@@ -198,3 +198,33 @@ def test_the_operator_commands_work_with_its_grants(
         result = relayer(*arguments, env=env)
         assert result.returncode == 0, (arguments, result.stdout, result.stderr)
     assert pending(owner_store) == 2  # customer-1's rows, redriven; customer-2's dropped
+
+
+async def test_an_owners_cron_job_rotates_for_a_worker_role_that_may_not(
+    owner_store: StoreSettings, role_of: RoleMaker
+) -> None:
+    store = owner_store.model_copy(update={"table_prefix": "parts_", "storage": "partitioned"})
+    await apply_schema(store)
+    worker = role_of("worker", store)
+    operator = role_of("operator", store)
+    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:  # one partition to make
+        newest = "parts_op_" + newest_partition(conn)
+        conn.execute(f"ALTER TABLE parts_outbox DETACH PARTITION {newest}")
+        conn.execute("DROP TABLE " + newest)
+    partitioned = {
+        "RELAYER_STORES__ORDERS__TABLE_PREFIX": "parts_",
+        "RELAYER_STORES__ORDERS__STORAGE": "partitioned",
+    }
+    refused = relayer("partitions", "rotate", "orders", env=environment(worker, **partitioned))
+    assert refused.returncode == 1, refused.stderr
+    [line] = refused.stderr.splitlines()
+    assert "the rotation stopped early" in line and "stores.orders.admin_dsn" in line
+    # The operator reads the health of the partitions (the catalog only).
+    status = relayer("status", "orders", env=environment(operator, **partitioned))
+    assert status.returncode == 0, status.stderr
+    assert "parts_outbox: the sum over its" in status.stdout
+    # The same job with the owner's connection as admin_dsn: the worker's role keeps its dsn.
+    owner = {"RELAYER_STORES__ORDERS__ADMIN_DSN": store.require_dsn(), **partitioned}
+    rotated = relayer("partitions", "rotate", "orders", env=environment(worker, **owner))
+    assert rotated.returncode == 0, rotated.stderr
+    assert newest in rotated.stdout

@@ -9,7 +9,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from relayer.dispatch import Strict, Weighted
-from relayer.operations.health import StoreHealth, TableHealth, warnings_of
+from relayer.operations.health import (
+    PARTITIONS_AHEAD_WARNING,
+    StoreHealth,
+    TableHealth,
+    warnings_of,
+)
 from relayer.settings import WorkerSettings, store_settings
 from relayer.worker import Worker
 from relayer.writer.after_commit import PendingIds
@@ -105,3 +110,19 @@ def test_health_warnings_follow_the_documented_thresholds() -> None:
     assert warnings_of(health(due_age=299), store) == ()
     [failing] = warnings_of(health(failing=4), store)
     assert "4 unordered rows are failing" in failing and "boom" in failing
+
+
+def test_the_partitions_warning_comes_under_half_the_spans_ahead() -> None:
+    store = store_settings(name="orders", storage="partitioned", partition_span="1m")
+
+    def warnings(ahead: float | None) -> tuple[str, ...]:
+        found = StoreHealth((), 0.0, 0, 0, None, (), partitions_ahead_seconds=ahead)
+        return warnings_of(found, store)
+
+    assert warnings(None) == ()  # delete mode
+    assert warnings(PARTITIONS_AHEAD_WARNING * 60) == ()
+    [soon] = warnings(PARTITIONS_AHEAD_WARNING * 60 - 1)
+    assert soon.startswith("the partitions ahead of the database clock run out in 299 s")
+    assert "`relayer partitions rotate orders`" in soon and "stores.orders.admin_dsn" in soon
+    [gone] = warnings(-5)
+    assert "run out already" in gone and "no partition of relation" in gone

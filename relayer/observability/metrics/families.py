@@ -129,6 +129,11 @@ def _store_gauges(stores: tuple[StoreSnapshot, ...]) -> Iterator[Metric]:
     parked = _gauge("relayer_parked_keys", "Parked keys in owned lanes.", "waiting")
     owned = _gauge("relayer_owned_lanes", "Lanes this worker's membership owns.")
     members = _gauge("relayer_live_members", "Live members of the store's cluster.")
+    ahead = _gauge(
+        "relayer_partitions_ahead_seconds",
+        "How far ahead of the database clock the newest partition reaches (partitioned stores; "
+        "from the worker leading the cleanup).",
+    )
     for store in stores:
         name, backlog = store.name, store.backlog
         pending.add_metric([name], backlog.rows)
@@ -141,7 +146,10 @@ def _store_gauges(stores: tuple[StoreSnapshot, ...]) -> Iterator[Metric]:
         parked.add_metric([name, "operator"], backlog.parked_operator)
         owned.add_metric([name], store.owned_lanes)
         members.add_metric([name], store.live_members)
+        if store.partitions_ahead_seconds is not None:
+            ahead.add_metric([name], store.partitions_ahead_seconds)
     yield from (pending, oldest, pending_lanes, lane_pending, lane_oldest, parked, owned, members)
+    yield ahead
 
 
 def dispatch_families(snapshot: WorkerSnapshot) -> Iterator[Metric]:

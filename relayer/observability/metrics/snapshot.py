@@ -50,6 +50,9 @@ class StoreSnapshot:
     live_members: int
     backlog: Backlog
     top: tuple[LaneBacklog, ...]  # the backlog's detail lanes this worker still owns
+    # A partitioned store whose cleanup this worker leads: the newest partition's reach ahead
+    # of the database clock (relayer.worker.maintenance.Maintenance.partitions_ahead).
+    partitions_ahead_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,4 +93,5 @@ def _store(
         live_members=len(served.relay.membership.members),
         backlog=backlog,
         top=tuple(owned_now(backlog, lanes)),
+        partitions_ahead_seconds=served.maintenance.partitions_ahead(),
     )
