@@ -187,6 +187,9 @@ FROM pg_catalog.pg_locks AS l
 JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
 WHERE NOT l.granted AND l.waitstart IS NOT NULL
   AND (a.application_name LIKE 'relayer:%%' OR a.application_name = %s)
+  -- Rotation's own DETACH ... CONCURRENTLY waits for older transactions to end; nobody waits
+  -- behind it (what it does to the others is what this samples).
+  AND a.application_name <> 'relayer:rotate'
 """
 
 
@@ -199,7 +202,7 @@ class Wait:
 
 class LockSampler:
     """Looks at pg_locks every ``interval`` seconds for writer or worker sessions waiting on a
-    lock; keeps the longest wait seen (waitstart to the last look that saw it waiting) since
+    lock (not the rotation's own session); keeps the longest wait seen (waitstart to the last look that saw it waiting) since
     the last ``take``, and over the whole run."""
 
     def __init__(self, dsn: str, interval: float = 0.01) -> None:
@@ -223,7 +226,7 @@ class LockSampler:
             while True:
                 cursor = await conn.execute(LOCK_WAITS, (WRITER_NAME,))
                 for _pid, who, locktype, mode, seconds in await cursor.fetchall():
-                    wait = Wait(float(seconds), str(who).split(":")[0], f"{locktype} {mode}")
+                    wait = Wait(float(seconds), str(who), f"{locktype} {mode}")
                     if self.window is None or wait.seconds > self.window.seconds:
                         self.window = wait
                     if self.longest is None or wait.seconds > self.longest.seconds:
