@@ -30,6 +30,7 @@ from relayer.store.dashboard import (
     DashboardPool,
     LiveMember,
     SnapshotReading,
+    TableCounters,
     read_lane_counts,
     read_snapshot,
 )
@@ -112,6 +113,10 @@ class RateHistory:
             self.buckets[-1] = (start, w + written, s + sent, f + failed)
         else:
             self.buckets.append((start, written, sent, failed))
+
+    def forget(self) -> None:
+        """No reading this time: the next one starts again (no point for the gap)."""
+        self._last = None
 
     def series(self) -> dict[str, list[float]]:
         return {
@@ -226,8 +231,7 @@ class StoreSampler:
         stalled = self._stalled(dict(reading.stall_candidates), time.monotonic(), stall_after)
         lanes = lane_map(self.store.lanes, reading.lane_heads, stalled)
         if reading.counters is not None:
-            counters = reading.counters
-            self.rates.add(time.time(), counters.inserted, counters.updated, counters.deleted)
+            self._add_rates(reading.counters, reading.pending)
         duration = time.perf_counter() - started
         self._version += 1
         snapshot = self._snapshot(reading, queues, lanes, duration)
@@ -235,6 +239,18 @@ class StoreSampler:
             self.snapshot = snapshot
             self._changed.notify_all()
         return duration
+
+    def _add_rates(self, counters: TableCounters, pending: int) -> None:
+        """The counters' point of the rate chart. Partitioned storage deletes no row it sends:
+        rows sent (or dropped) are the rows written less the pending rows, known only while
+        those are counted exactly (no point while more are pending)."""
+        deleted = counters.deleted
+        if self.store.storage == "partitioned":
+            if pending > COUNT_CAP:
+                self.rates.forget()
+                return
+            deleted = counters.inserted - pending
+        self.rates.add(time.time(), counters.inserted, counters.updated, deleted)
 
     def _snapshot(
         self,
@@ -253,7 +269,7 @@ class StoreSampler:
             members=_members(reading.members, lanes, self.store.lanes),
             lane_map=lanes,
             pending=Capped.of(reading.pending),
-            pending_estimate=max(counters.estimated_rows, counters.live_rows) if counters else 0,
+            pending_estimate=self._estimate(counters),
             unordered_age_seconds=reading.unordered_age_seconds,
             parked_operator=reading.parked_operator,
             parked_retrying=reading.parked_keys - reading.parked_operator,
@@ -261,6 +277,13 @@ class StoreSampler:
             batches_open=reading.batches_open,
             queues=queues,
         )
+
+    def _estimate(self, counters: TableCounters | None) -> int:
+        """The pending rows past the count's cap: the planner's estimate, or (partitioned
+        storage, whose outbox keeps sent rows) the background refinement's last full count."""
+        if self.store.storage == "partitioned":
+            return self.refinement.total if self.refinement is not None else 0
+        return max(counters.estimated_rows, counters.live_rows) if counters else 0
 
     async def refine(self) -> float:
         started = time.perf_counter()

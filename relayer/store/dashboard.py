@@ -20,7 +20,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from relayer.settings import StoreSettings
-from relayer.sql import queries_for
+from relayer.sql import Queries, queries_for
 from relayer.store.driver import (
     DRIVER_ERRORS,
     Connection,
@@ -73,6 +73,23 @@ class DashboardPool:
             raise verbatim_error(exc) from exc
 
 
+@asynccontextmanager
+async def without_jit(conn: Connection, store: StoreSettings) -> AsyncIterator[None]:
+    """The block's statements in one transaction that compiles no plan with JIT, for a
+    partitioned store (a delete-mode store: as they are). The planner cannot tell that a read
+    of a lane's pending rows bounded by its head stops after a row or two, so it costs those
+    statements high enough for JIT, whose compilation took most of a snapshot (about 130 ms
+    against a few of work). Set for the transaction only: behind a transaction pooler too."""
+    if store.storage != "partitioned":
+        yield
+        return
+    async with conn.transaction():
+        await conn.execute(
+            queries_for(store.names)["set_local"], {"names": ["jit"], "values": ["off"]}
+        )
+        yield
+
+
 @dataclass(frozen=True, slots=True)
 class Capped:
     """A count read with a cap: ``value`` is exact unless ``more`` (then at least ``value``)."""
@@ -102,7 +119,10 @@ class LiveMember:
 @dataclass(frozen=True, slots=True)
 class TableCounters:
     """The outbox's estimated size and its cumulative statistics counters: deletes are rows
-    sent (or dropped), updates failed attempts (or redrives), inserts rows written."""
+    sent (or dropped), updates failed attempts (or redrives), inserts rows written.
+    Partitioned storage: no estimate (0), inserts the outbox partitions', updates the held
+    table's, deletes 0 (rows stay in their partition once sent; relayer.dashboard.sampler
+    counts the rows sent from the inserts and the pending rows)."""
 
     estimated_rows: int
     live_rows: int
@@ -132,31 +152,43 @@ class SnapshotReading:
 async def read_snapshot(
     conn: Connection, store: StoreSettings, *, stall_after: float
 ) -> SnapshotReading:
-    """One snapshot's statements, one after the other on ``conn``."""
-    queries = queries_for(store.names)
+    """One snapshot's statements, one after the other on ``conn`` (a partitioned store's in
+    one transaction, see :func:`without_jit`)."""
+    queries = queries_for(store.names, store.storage)
     with translated_verbatim():
-        cursor = await conn.execute(
-            queries["dash_lane_map"],
-            {"lanes": store.lanes, "cap": PARKED_CAP, "top": TOP_LANES, "stall_after": stall_after},
-        )
-        lane_row = await cursor.fetchone()
-        cursor = await conn.execute(queries["dash_parked_totals"], {"cap": PARKED_CAP})
-        parked = await cursor.fetchone()
-        cursor = await conn.execute(queries["dash_members"])
-        members = await cursor.fetchall()
-        cursor = await conn.execute(queries["dash_pending_capped"], {"cap": COUNT_CAP + 1})
-        pending = await cursor.fetchone()
-        cursor = await conn.execute(
-            queries["dash_table_counters"],
-            {"schema": store.db_schema, "table": store.names.table("outbox")},
-        )
-        counters = await cursor.fetchone()
-        cursor = await conn.execute(queries["dash_unordered_head"])
-        unordered = await cursor.fetchone()
-        cursor = await conn.execute(
-            queries["dash_batches_open"], {"application": f"relayer:{store.name}:batch"}
-        )
-        batches = await cursor.fetchone()
+        async with without_jit(conn, store):
+            return await _read_snapshot(conn, store, queries, stall_after)
+
+
+async def _read_snapshot(
+    conn: Connection, store: StoreSettings, queries: Queries, stall_after: float
+) -> SnapshotReading:
+    cursor = await conn.execute(
+        queries["dash_lane_map"],
+        {"lanes": store.lanes, "cap": PARKED_CAP, "top": TOP_LANES, "stall_after": stall_after},
+    )
+    lane_row = await cursor.fetchone()
+    cursor = await conn.execute(queries["dash_parked_totals"], {"cap": PARKED_CAP})
+    parked = await cursor.fetchone()
+    cursor = await conn.execute(queries["dash_members"])
+    members = await cursor.fetchall()
+    cursor = await conn.execute(queries["dash_pending_capped"], {"cap": COUNT_CAP + 1})
+    pending = await cursor.fetchone()
+    cursor = await conn.execute(
+        queries["dash_table_counters"],
+        {
+            "schema": store.db_schema,
+            "table": store.names.table("outbox"),
+            "held": store.names.table("held"),  # partitioned storage's
+        },
+    )
+    counters = await cursor.fetchone()
+    cursor = await conn.execute(queries["dash_unordered_head"])
+    unordered = await cursor.fetchone()
+    cursor = await conn.execute(
+        queries["dash_batches_open"], {"application": f"relayer:{store.name}:batch"}
+    )
+    batches = await cursor.fetchone()
     assert lane_row is not None and parked is not None  # aggregates: always one row
     return SnapshotReading(
         lane_heads=tuple(lane_row[:7]),
@@ -179,7 +211,7 @@ async def read_lane_counts(
 ) -> tuple[tuple[int, int], ...]:
     """Pending rows per lane, (lane, rows), counted in full: a whole-table read, so in a
     transaction of its own whose statements end after ``statement_timeout`` ("10s")."""
-    queries = queries_for(store.names)
+    queries = queries_for(store.names, store.storage)
     with translated_verbatim():
         async with conn.transaction():
             await conn.execute(queries["dash_statement_timeout"], {"timeout": statement_timeout})

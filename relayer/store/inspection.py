@@ -21,7 +21,7 @@ from relayer.identifiers import TABLE_SUFFIXES
 from relayer.redact import redact
 from relayer.settings import StoreSettings
 from relayer.sql import queries_for
-from relayer.store.dashboard import COUNT_CAP, Capped
+from relayer.store.dashboard import COUNT_CAP, Capped, without_jit
 from relayer.store.drift import check
 from relayer.store.driver import Connection, translated_verbatim
 
@@ -191,16 +191,19 @@ def _count(row: tuple[Any, ...] | None) -> Capped:
 async def read_lane(conn: Connection, store: StoreSettings, lane: int) -> LaneDetail:
     """``lane``'s lease, first rows, capped pending count and parked keys (no reasons yet:
     they need the latest snapshot, relayer.dashboard.views)."""
-    queries = queries_for(store.names)
+    queries = queries_for(store.names, store.storage)
     with translated_verbatim():
-        cursor = await conn.execute(queries["dash_lane_lease"], {"lane": lane})
-        lease = await cursor.fetchone()
-        cursor = await conn.execute(queries["dash_lane_rows"], {"lane": lane, "limit": ROWS_SHOWN})
-        rows = _rows(await cursor.fetchall())
-        cursor = await conn.execute(
-            queries["dash_lane_pending"], {"lane": lane, "cap": COUNT_CAP + 1}
-        )
-        pending = _count(await cursor.fetchone())
+        async with without_jit(conn, store):
+            cursor = await conn.execute(queries["dash_lane_lease"], {"lane": lane})
+            lease = await cursor.fetchone()
+            cursor = await conn.execute(
+                queries["dash_lane_rows"], {"lane": lane, "limit": ROWS_SHOWN}
+            )
+            rows = _rows(await cursor.fetchall())
+            cursor = await conn.execute(
+                queries["dash_lane_pending"], {"lane": lane, "cap": COUNT_CAP + 1}
+            )
+            pending = _count(await cursor.fetchone())
     page = await parked_page(conn, store, ParkedFilter(lane=lane), limit=ROWS_SHOWN)
     live = bool(lease and lease[4] and lease[0])
     owner = str(lease[0]) if lease and lease[0] else None
@@ -228,7 +231,7 @@ async def parked_page(
 ) -> ParkedPage:
     """One keyset page of the keys matching ``where`` as of ``as_of`` (None: now, the moment
     a search begins), after the key ``after`` (parked_at, key) of the page before."""
-    queries = queries_for(store.names)
+    queries = queries_for(store.names, store.storage)
     with translated_verbatim():
         if as_of is None:
             cursor = await conn.execute(queries["dash_now"])
@@ -242,12 +245,14 @@ async def parked_page(
             "after_key": after[1] if after else None,
             "limit": limit + 1,
         }
-        cursor = await conn.execute(queries["dash_parked_page"], params)
-        records = await cursor.fetchall()
-        cursor = await conn.execute(
-            queries["dash_parked_count"], {**where.params(), "as_of": as_of, "cap": COUNT_CAP + 1}
-        )
-        matching = _count(await cursor.fetchone())
+        async with without_jit(conn, store):
+            cursor = await conn.execute(queries["dash_parked_page"], params)
+            records = await cursor.fetchall()
+            cursor = await conn.execute(
+                queries["dash_parked_count"],
+                {**where.params(), "as_of": as_of, "cap": COUNT_CAP + 1},
+            )
+            matching = _count(await cursor.fetchone())
     keys = tuple(_parked(r) for r in records[:limit])
     following = (keys[-1].parked_at, keys[-1].key) if len(records) > limit and keys else None
     assert as_of is not None
@@ -268,20 +273,31 @@ async def error_groups(conn: Connection, store: StoreSettings) -> tuple[ErrorGro
 
 async def key_detail(conn: Connection, store: StoreSettings, key: str) -> KeyDetail | None:
     """The parked ``key`` with its waiting rows (None: it is not parked)."""
-    queries = queries_for(store.names)
+    queries = queries_for(store.names, store.storage)
     with translated_verbatim():
-        cursor = await conn.execute(queries["dash_parked_key"], {"key": key})
-        row = await cursor.fetchone()
-        if row is None:
-            return None
-        parked = ParkedView(
-            row[0], int(row[1]), int(row[2]), redact(row[3]), row[4], row[5], row[6], row[8], row[9]
-        )
-        params = {"lane": parked.lane, "key": key}
-        cursor = await conn.execute(queries["dash_key_rows"], {**params, "limit": PAGE_SIZE})
-        rows = _rows(await cursor.fetchall())
-        cursor = await conn.execute(queries["dash_key_pending"], {**params, "cap": COUNT_CAP + 1})
-        pending = _count(await cursor.fetchone())
+        async with without_jit(conn, store):
+            cursor = await conn.execute(queries["dash_parked_key"], {"key": key})
+            row = await cursor.fetchone()
+            if row is None:
+                return None
+            parked = ParkedView(
+                row[0],
+                int(row[1]),
+                int(row[2]),
+                redact(row[3]),
+                row[4],
+                row[5],
+                row[6],
+                row[8],
+                row[9],
+            )
+            params = {"lane": parked.lane, "key": key}
+            cursor = await conn.execute(queries["dash_key_rows"], {**params, "limit": PAGE_SIZE})
+            rows = _rows(await cursor.fetchall())
+            cursor = await conn.execute(
+                queries["dash_key_pending"], {**params, "cap": COUNT_CAP + 1}
+            )
+            pending = _count(await cursor.fetchone())
     return KeyDetail(parked, row[7], rows, pending)
 
 
@@ -289,7 +305,8 @@ async def row_body(conn: Connection, store: StoreSettings, lane: int, row_id: UU
     """The first BODY_CAP bytes of a row's body, as text (hex when not UTF-8)."""
     with translated_verbatim():
         cursor = await conn.execute(
-            queries_for(store.names)["dash_row_body"], {"lane": lane, "id": row_id, "cap": BODY_CAP}
+            queries_for(store.names, store.storage)["dash_row_body"],
+            {"lane": lane, "id": row_id, "cap": BODY_CAP},
         )
         row = await cursor.fetchone()
     if row is None:
