@@ -8,9 +8,9 @@ their readers.
   whether the deleting transaction held the lane's lease row (I5, tests/chaos/checker.py).
 - Partitioned mode: sent rows stay in the outbox; a row leaves the pending set when its lane's
   progress advances past it (and it is not copied into the held table), or when it is deleted
-  from the held table. A trigger on the progress table records each advance (the lane, the old
-  and new ``done_id``, whether the advancing transaction held the lane's lease row, and its
-  snapshot), one on the held table records each row copied into it, and the delete trigger
+  from the held table. A trigger on the progress table records each change of a lane's
+  progress (the lane, the old and new ``done_id``, whether the changing transaction held the
+  lane's lease row, and its snapshot), one on the held table records each row copied into it, and the delete trigger
   records each row deleted from it. A row is *removed* once for each advance whose range holds
   it, minus once if it was copied into the held table, plus once for its delete from there.
 - Both modes: a trigger on the parked table records every park (tests/chaos/test_stall.py).
@@ -90,8 +90,7 @@ BEGIN
 END
 $$;
 CREATE TRIGGER chaos_audit_advance AFTER UPDATE ON {progress}
-    FOR EACH ROW WHEN (OLD.done_id IS DISTINCT FROM NEW.done_id)
-    EXECUTE FUNCTION chaos_audit_advance();
+    FOR EACH ROW EXECUTE FUNCTION chaos_audit_advance();
 CREATE FUNCTION chaos_audit_hold() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO chaos_held (id, lane) VALUES (NEW.id, NEW.lane);
