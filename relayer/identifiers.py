@@ -45,6 +45,8 @@ INDEX_SUFFIXES: dict[str, str] = {
     "sequences_updated": "sequences_upd",
     "audit_key": "audit_key",
     "parked_since": "parked_since",
+    # Partitioned storage only (docs/storage.md): a lane's late rows, by writing transaction.
+    "outbox_xid": "outbox_xid",
 }
 # Every function relayer creates, by role; a version in the name lets two relayer versions
 # logic live side by side (a new version adds a new name).

@@ -164,10 +164,9 @@ class StoreRelay:
         self.opened = True
         if self.store.storage == "partitioned":
             logger.warning(
-                "store %s: storage = 'partitioned' is not ready for production: a row whose "
-                "transaction commits after its lane has sent a newer row is never sent "
-                "(docs/storage.md, 'What is not done yet'); keep storage = 'delete' for "
-                "messages you cannot lose",
+                "store %s: storage = 'partitioned' is not ready for production: it has not "
+                "passed the fault-injection suite and the soak yet (docs/storage.md, 'What is "
+                "not done yet'); keep storage = 'delete' for messages you cannot lose",
                 self.store.name,
                 extra={"action": "storage_experimental", "store": self.store.name},
             )

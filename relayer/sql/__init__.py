@@ -52,8 +52,8 @@ def raw_queries() -> dict[str, str]:
     """Every named query of every ``*.sql`` file in this package (names are unique overall).
 
     A name starting with ``_`` is a fragment, not a query: its text (without its leading
-    comment lines) replaces ``{_name}`` in the queries that use it, before identifiers are
-    composed, so that the same logic is written once.
+    comment lines) replaces ``{_name}`` in the queries and fragments that use it, before
+    identifiers are composed, so that the same logic is written once.
     """
     queries = _named_texts()
     fragments = {
@@ -62,10 +62,12 @@ def raw_queries() -> dict[str, str]:
         if name.startswith("_")
     }
 
-    def paste(match: re.Match[str]) -> str:
+    def paste(match: re.Match[str], depth: int = 0) -> str:
         if match[1] not in fragments:
             raise ValueError(f"unknown SQL fragment {match[1]!r}")
-        return fragments[match[1]]
+        if depth > 8:
+            raise ValueError(f"SQL fragment {match[1]!r} pastes itself")
+        return _FRAGMENT.sub(lambda inner: paste(inner, depth + 1), fragments[match[1]])
 
     return {
         name: _FRAGMENT.sub(paste, text)
@@ -120,6 +122,19 @@ def compose(
     return sql.SQL(template).format(**(identifiers(names) if values is None else values))
 
 
+# Named queries that name a table known only when they run (beside the store's own tables):
+# the placeholders each takes, composed by compose_with().
+RUNTIME_IDENTIFIERS: dict[str, tuple[str, ...]] = {"partitioned_rescue": ("partition",)}
+
+
+def compose_with(name: str, names: StoreNames, **tables: sql.Composable) -> sql.Composed:
+    """The named query ``name`` of RUNTIME_IDENTIFIERS composed with the store's identifiers
+    and ``tables`` (one per placeholder it takes)."""
+    if set(tables) != set(RUNTIME_IDENTIFIERS[name]):
+        raise ValueError(f"query {name!r} takes {RUNTIME_IDENTIFIERS[name]}, given {tuple(tables)}")
+    return compose(raw_queries()[name], names, {**identifiers(names), **tables})
+
+
 # The named queries partitioned storage runs in place of delete mode's have this prefix
 # (relayer/sql/partitioned.sql, docs/storage.md).
 PARTITIONED = "partitioned_"
@@ -154,15 +169,16 @@ class Queries:
 
 
 def _without_comment_lines(statement: str) -> LiteralString:
-    """The statement without its whole-line ``--`` comments (they document the SQL files).
+    """The statement without its whole-line ``--`` comments (they document the SQL files),
+    its indentation and its blank lines.
 
     psycopg caches the parsing of a statement's placeholders only for statements of at most
     4,096 bytes; the outcome statement's comments alone would push it past that, and parsing it
     again on every batch costs more than the statement's round trip. Only whole comment lines
-    go: no statement has a string literal spanning lines.
+    and the spaces around lines go: no statement has a string literal spanning lines.
     """
-    kept = [line for line in statement.splitlines() if not line.lstrip().startswith("--")]
-    return "\n".join(kept)
+    kept = (line.strip() for line in statement.splitlines())
+    return "\n".join(line for line in kept if line and not line.startswith("--"))
 
 
 @cache

@@ -1,11 +1,16 @@
 -- Partitioned storage (storage = "partitioned", docs/storage.md): the outbox is partitioned by
--- range of id, sent rows stay where they are and each lane's progress (the progress table's
--- done_id) advances past them; rows a lane passes without finishing them (a parked key's
--- rows, a failed row that will be retried, the rows after a batch's last outcome that were
--- read but not confirmed) are copied into the held table, deleted from it once sent. A lane's
--- pending rows: its held rows, and its outbox rows above its progress, in id order (per key
--- the same order as in delete mode: a key's held rows are all older than its rows above the
--- progress). Partitions every lane has passed are detached and dropped
+-- range of id, sent rows stay where they are and each lane's progress advances past them.
+-- A lane's progress is a pair: done_id, and snap, the snapshot of the statement that last
+-- advanced it. Every outbox row of the lane whose id is at or below done_id and whose writing
+-- transaction (the row's xid) is visible in snap is finished: sent, dropped by an operator, or
+-- copied into the held table. Rows a lane passes without finishing them (a parked key's rows,
+-- a failed row that will be retried, the rows after a batch's last outcome that were read but
+-- not confirmed) are copied into the held table, deleted from it once sent. A lane's pending
+-- rows, in id order: its held rows, its outbox rows above done_id, and its late rows: outbox
+-- rows at or below done_id whose transaction snap did not see (it committed after the lane
+-- passed their ids; ids are taken by writers before they commit). Per key the order is delete
+-- mode's: a row is read once it is committed, in id order among the committed rows.
+-- Partitions every lane has passed are detached and dropped
 -- (relayer.store.partitions). Statements here replace relay.sql's of the same name without
 -- the "partitioned_" prefix (relayer.store.relay.RelayStore).
 
@@ -26,11 +31,15 @@ CREATE TABLE {outbox} (
     attempts integer NOT NULL DEFAULT 0,
     last_error text,
     created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    -- The writing transaction: a lane's late rows are those its progress snapshot did not see.
+    xid pg_catalog.xid8 NOT NULL DEFAULT pg_catalog.pg_current_xact_id(),
     CHECK ((lane = -1) = (ordering_key IS NULL)),
     -- Unordered rows (lane -1) have no completion record in this mode yet: refused.
     CONSTRAINT partitioned_ordered_only CHECK (lane >= 0),
     PRIMARY KEY (lane, id)
 ) PARTITION BY RANGE (id);
+-- A lane's late rows: an index range scan from its progress snapshot's xmin.
+CREATE INDEX {outbox_xid} ON {outbox} (lane, xid);
 CREATE TABLE {progress} (
     lane integer PRIMARY KEY CHECK (lane >= 0),
     -- Every row of the lane up to this id is sent, dropped, or copied into the held table.
@@ -38,6 +47,9 @@ CREATE TABLE {progress} (
     -- done_id before the lane's last batch with an outcome: that batch's acknowledged outbox
     -- rows are the ones above it (what the outcome statement's fence counts).
     previous_id uuid NOT NULL DEFAULT '00000000-0000-0000-0000-000000000000',
+    -- The snapshot of the statement that last advanced done_id: a row at or below done_id whose
+    -- transaction it did not see is a late row, still pending (sees nothing at first).
+    snap pg_catalog.pg_snapshot NOT NULL DEFAULT '1:1:',
     updated_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 ) WITH (fillfactor = 50);
 CREATE TABLE {held} (
@@ -83,25 +95,53 @@ WHERE n.nspname = %(schema)s AND c.relkind = 'r' AND NOT c.relispartition
   AND pg_catalog.obj_description(c.oid, 'pg_class') = %(mark)s
 
 -- name: partitioned_low_water
--- The oldest outbox row any lane still has to pass (its first row above its progress; none:
--- NULL) and the database clock in Unix milliseconds. A partition whose upper bound is at or
--- below that row holds nothing a lane still needs (what a lane passed unfinished is in the
--- held table); an idle lane pins nothing. Unordered rows (lane -1) are refused in this mode.
+-- The oldest outbox row any lane still has to pass (its first row above its progress, or its
+-- oldest late row; none: NULL) and the database clock in Unix milliseconds. A partition whose
+-- upper bound is at or below that row holds nothing a lane still needs (what a lane passed
+-- unfinished is in the held table) but the rows of transactions still open, which rotation
+-- copies into the held table after the detach has waited for them (partitioned_rescue); an
+-- idle lane pins nothing. Unordered rows (lane -1) are refused in this mode.
 SELECT (SELECT h.id::text FROM {progress} AS g
         CROSS JOIN LATERAL (
-            SELECT o.id FROM {outbox} AS o WHERE o.lane = g.lane AND o.id > g.done_id
-            ORDER BY o.id LIMIT 1
+            (SELECT m.id FROM {outbox} AS m WHERE m.lane = g.lane AND m.id > g.done_id
+             ORDER BY m.id LIMIT 1)
+            UNION ALL
+            (SELECT m.id FROM {outbox} AS m WHERE m.lane = g.lane AND {_late}
+             ORDER BY m.id LIMIT 1)
         ) AS h
         ORDER BY h.id LIMIT 1),
        (extract(epoch FROM pg_catalog.now()) * 1000)::int8
 
+-- name: _late
+-- A fragment: outbox row m of the lane whose progress row is g is one of its late rows: at
+-- or below the lane's done_id, written by a transaction the progress snapshot did not see
+-- (so committed after the lane passed its id, or still open). Through the (lane, xid) index:
+-- every transaction from the snapshot's xmin on, then each tested against the snapshot.
+m.xid >= pg_catalog.pg_snapshot_xmin(g.snap) AND m.id <= g.done_id
+AND NOT pg_catalog.pg_visible_in_snapshot(m.xid, g.snap)
+
+-- name: _pending_outbox_row
+-- A fragment: outbox row m of the lane whose progress row is g is pending (not held).
+(m.id > g.done_id OR ({_late}))
+
+-- name: partitioned_rescue
+-- Rotation, after a partition's DETACH ... CONCURRENTLY has waited for every transaction that
+-- used the outbox and before the partition is dropped: its pending rows (a row of a writer
+-- whose transaction was still open when rotation found the partition passed) are copied into
+-- the held table, where their lane reads them. {partition} is the detached table.
+INSERT INTO {held}
+SELECT m.* FROM {partition} AS m
+JOIN {progress} AS g ON g.lane = m.lane
+WHERE {_pending_outbox_row}
+ON CONFLICT DO NOTHING
+
 -- name: _pending_rows
 -- A fragment: the first %(limit)s pending rows of lane l.lane whose progress row is g, in id
 -- order, skipping keys parked and not yet due (as relay.sql's _sendable_rows): the first of
--- its held rows and the first of its outbox rows above g.done_id, merged. Each arm is an index
--- range scan on (lane, id) with its own LIMIT (one UNION ALL under a single ORDER BY made the
+-- its held rows, of its outbox rows above g.done_id and of its late rows, merged. Each arm is
+-- an index range scan with its own LIMIT (one UNION ALL under a single ORDER BY made the
 -- planner read and sort a lane's whole backlog); g.done_id is a parameter of the nested
--- loop, so partitions wholly below it are pruned at each rescan.
+-- loop, so the partitions wholly below it (late rows: above it) are pruned at each rescan.
 FROM (
     (SELECT h.* FROM {held} AS h
      WHERE h.lane = l.lane AND h.ordering_key NOT IN (
@@ -114,6 +154,12 @@ FROM (
          SELECT p.ordering_key FROM {parked} AS p
          WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now()))
      ORDER BY m.id LIMIT %(limit)s)
+    UNION ALL
+    (SELECT m.* FROM {outbox} AS m
+     WHERE m.lane = l.lane AND {_late} AND m.ordering_key NOT IN (
+         SELECT p.ordering_key FROM {parked} AS p
+         WHERE p.lane = l.lane AND (p.retry_at IS NULL OR p.retry_at > pg_catalog.now()))
+     ORDER BY m.id LIMIT %(limit)s)
 ) AS o
     ORDER BY o.id
     LIMIT %(limit)s
@@ -122,7 +168,8 @@ FROM (
 -- An expression (as relay.sql's holds_rows): whether any lane holds a pending row.
 (EXISTS (SELECT 1 FROM {held} AS h WHERE h.lane >= 0)
  OR EXISTS (SELECT 1 FROM {progress} AS g
-            WHERE EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.lane = g.lane AND o.id > g.done_id)))
+            WHERE EXISTS (SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND m.id > g.done_id)
+               OR EXISTS (SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND {_late})))
 
 -- name: partitioned_probe
 {_head_columns}
@@ -190,30 +237,39 @@ WITH fence AS (
 -- The first of the two statements of a batch's outcomes (sent together, with the COMMIT; the
 -- second, partitioned_record_outcomes, refuses to commit unless every lease held): each fenced
 -- lane's progress advances to its batch's last row with an outcome (acknowledged or failed;
--- previous_id keeps where it was),
--- and the lane's outbox rows it passes that were not acknowledged (failed rows; rows of parked
--- keys the read skipped; rows read but not confirmed) are copied into the held table, where
--- the second statement counts the failures. Nothing is deleted from the outbox.
+-- previous_id keeps where it was) and takes this statement's snapshot, and the rows that
+-- leaves behind unfinished are copied into the held table, where the second statement counts
+-- the failures and deletes what was acknowledged: the lane's outbox rows it passes that were
+-- not acknowledged (failed rows; rows of parked keys the read skipped; rows read but not
+-- confirmed), and every late row the old snapshot did not see and this one does (sent in this
+-- batch or not). Nothing is deleted from the outbox. A row this snapshot does not see (its
+-- transaction still open) stays a late row of the lane.
 {_outcome_inputs}, reach AS MATERIALIZED (
     -- PostgreSQL has no max(uuid) before 17; a UUID's text sorts as the UUID does.
-    SELECT g.lane, g.done_id AS old_id,
-           greatest(g.done_id, pg_catalog.max(x.id::text)::uuid) AS new_id
-    FROM {progress} AS g
-    JOIN (SELECT lane, id FROM acked UNION ALL SELECT lane, id FROM failure) AS x
-        ON x.lane = g.lane
-    GROUP BY g.lane, g.done_id
+    SELECT g.lane, g.done_id AS old_id, g.snap AS old_snap,
+           greatest(g.done_id, x.top) AS new_id
+    FROM (SELECT lane, pg_catalog.max(id::text)::uuid AS top
+          FROM (SELECT lane, id FROM acked UNION ALL SELECT lane, id FROM failure) AS x
+          GROUP BY lane) AS x
+    JOIN {progress} AS g ON g.lane = x.lane
 ), advanced AS (
     UPDATE {progress} AS g
-    SET done_id = reach.new_id, previous_id = reach.old_id, updated_at = pg_catalog.now()
+    SET done_id = reach.new_id, previous_id = reach.old_id,
+        snap = pg_catalog.pg_current_snapshot(), updated_at = pg_catalog.now()
     FROM reach
     WHERE g.lane = reach.lane
 )
 -- NOT IN over an uncorrelated subquery: one hashed lookup per row (a generic plan joined
 -- NOT EXISTS as a nested loop over every acknowledged row: 20 ms for 500 rows).
 INSERT INTO {held}
-SELECT o.* FROM reach
-JOIN {outbox} AS o ON o.lane = reach.lane AND o.id > reach.old_id AND o.id <= reach.new_id
-WHERE (o.lane, o.id) NOT IN (SELECT lane, id FROM acked)
+SELECT m.* FROM reach
+JOIN {outbox} AS m ON m.lane = reach.lane AND m.id > reach.old_id AND m.id <= reach.new_id
+WHERE (m.lane, m.id) NOT IN (SELECT lane, id FROM acked)
+UNION ALL
+SELECT m.* FROM reach
+JOIN {outbox} AS m ON m.lane = reach.lane
+    AND m.xid >= pg_catalog.pg_snapshot_xmin(reach.old_snap) AND m.id <= reach.old_id
+    AND NOT pg_catalog.pg_visible_in_snapshot(m.xid, reach.old_snap)
 
 -- name: partitioned_record_outcomes
 -- The second statement (see partitioned_advance, whose changes it sees): as relay.sql's
@@ -270,11 +326,12 @@ SELECT (SELECT n FROM sent),
        END
 
 -- name: _pending_all
--- A fragment: every pending row of every lane (held rows, and outbox rows above their lane's
--- progress), as a FROM item named o: what delete mode's outbox holds.
+-- A fragment: every pending row of every lane (held rows, outbox rows above their lane's
+-- progress and its late rows), as a FROM item named o: what delete mode's outbox holds.
 (SELECT h.* FROM {held} AS h
  UNION ALL
- SELECT m.* FROM {outbox} AS m JOIN {progress} AS g ON g.lane = m.lane WHERE m.id > g.done_id)
+ SELECT m.* FROM {outbox} AS m JOIN {progress} AS g ON g.lane = m.lane
+ WHERE {_pending_outbox_row})
 AS o
 
 -- name: partitioned_status_pending
@@ -296,18 +353,18 @@ SELECT p.ordering_key, p.lane, p.attempts, p.last_error, p.retry_at, p.parked_at
        (SELECT pg_catalog.count(*) FROM {held} AS h
         WHERE h.lane = p.lane AND h.ordering_key = p.ordering_key)
        + (SELECT pg_catalog.count(*) FROM {outbox} AS m JOIN {progress} AS g ON g.lane = m.lane
-          WHERE m.lane = p.lane AND m.id > g.done_id AND m.ordering_key = p.ordering_key)
+          WHERE m.lane = p.lane AND {_pending_outbox_row} AND m.ordering_key = p.ordering_key)
 FROM {parked} AS p
 WHERE %(key)s::text IS NULL OR p.ordering_key = %(key)s
 ORDER BY p.parked_at, p.ordering_key
 
 -- name: _key_rows_above_progress
--- A fragment: the outbox rows of key %(key)s above the progress of lane unparked.lane (a row
--- the lane passed is in the held table, or was sent).
+-- A fragment: the pending outbox rows of key %(key)s of lane unparked.lane (above its
+-- progress, or late: a row the lane passed is in the held table, or was sent).
 FROM {outbox} AS m
 JOIN {progress} AS g ON g.lane = m.lane
 JOIN unparked ON unparked.lane = m.lane
-WHERE m.id > g.done_id AND m.ordering_key = %(key)s
+WHERE {_pending_outbox_row} AND m.ordering_key = %(key)s
 
 -- name: partitioned_redrive_key
 -- As operations.sql's redrive_key: the key's held rows get a fresh attempt count (its rows
@@ -370,9 +427,9 @@ SELECT (SELECT pg_catalog.count(*) FROM held) + (SELECT pg_catalog.count(*) FROM
 FROM unparked
 
 -- name: partitioned_metrics_backlog
--- As metrics.sql's metrics_backlog, over each owned lane's pending rows (held, and above its
--- progress): its count, and the age of its head (the older of its first held row and its first
--- row above the progress).
+-- As metrics.sql's metrics_backlog, over each owned lane's pending rows (held, above its
+-- progress, late): its count, and the age of its head (the oldest of its first held row, its
+-- first row above the progress and its first late row).
 WITH owned AS (
     SELECT l.lane FROM pg_catalog.unnest(%(lanes)s::integer[]) AS l(lane)
 ), counted AS (
@@ -381,7 +438,7 @@ WITH owned AS (
     CROSS JOIN LATERAL (
         SELECT 1 FROM {held} AS h WHERE h.lane = g.lane
         UNION ALL
-        SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND m.id > g.done_id
+        SELECT 1 FROM {outbox} AS m WHERE m.lane = g.lane AND {_pending_outbox_row}
     ) AS x
     GROUP BY g.lane
 ), pending AS (
@@ -395,6 +452,9 @@ WITH owned AS (
              ORDER BY h.id LIMIT 1)
             UNION ALL
             (SELECT m.id, m.created_at FROM {outbox} AS m WHERE m.lane = c.lane AND m.id > g.done_id
+             ORDER BY m.id LIMIT 1)
+            UNION ALL
+            (SELECT m.id, m.created_at FROM {outbox} AS m WHERE m.lane = c.lane AND {_late}
              ORDER BY m.id LIMIT 1)
         ) AS o
         ORDER BY o.id LIMIT 1
@@ -415,7 +475,7 @@ FROM parked
 
 -- name: _partitioned_store_health
 -- As maintenance.sql's _store_health, the oldest due row taken from each lane's pending rows
--- (held, and above its progress: the outbox keeps sent rows until their partition goes).
+-- (held, above its progress, late: the outbox keeps sent rows until their partition goes).
 -- A fragment: a store's health in one statement (relayer.health): each table's live and dead
 -- tuples, last vacuum and size (one array per column, tables in name order); the age in seconds
 -- of the oldest due row (by id, through the primary key; 0 if none); the unordered rows that
@@ -455,6 +515,11 @@ SELECT ARRAY(SELECT name FROM tables ORDER BY name),
                    UNION ALL
                    (SELECT m.id, m.created_at, m.deliver_at FROM {outbox} AS m
                     WHERE m.lane = g.lane AND m.id > g.done_id
+                      AND (m.deliver_at IS NULL OR m.deliver_at <= pg_catalog.now())
+                    ORDER BY m.id LIMIT 1)
+                   UNION ALL
+                   (SELECT m.id, m.created_at, m.deliver_at FROM {outbox} AS m
+                    WHERE m.lane = g.lane AND {_late}
                       AND (m.deliver_at IS NULL OR m.deliver_at <= pg_catalog.now())
                     ORDER BY m.id LIMIT 1)
                ) AS o

@@ -140,7 +140,9 @@ async def _compare_catalogs(
             return [Drift(f"schema {names.schema}", "missing")]
         live = await _introspect(cursor, queries, int(row[0]), tables)
         try:
-            expected = await _expected(conn, cursor, names, tables, live_version)
+            expected = await _expected(
+                conn, cursor, names, tables, live_version, storage=store.storage
+            )
         except psycopg.errors.InsufficientPrivilege as exc:
             raise _without_temporary(conn, store) from exc
     return catalog_drift(names, expected, live)
@@ -169,7 +171,7 @@ async def expected_catalog(
     """The catalog the migrations up to ``version`` create (built in a transaction rolled
     back, under the pinned search_path, once per database, prefix and version in a process).
     psycopg's InsufficientPrivilege without the TEMPORARY privilege."""
-    found = _EXPECTED.get(_expected_key(conn, names, tables, version))
+    found = _EXPECTED.get((*_expected_key(conn, names, tables, version), "delete"))
     if found is not None:
         return found
     queries = queries_for(names)
@@ -230,15 +232,18 @@ async def _expected(
     names: StoreNames,
     tables: Sequence[str],
     version: int,
+    *,
+    storage: str = "delete",
 ) -> Catalog:
-    """The catalog the migrations up to ``version`` create, as read on ``conn``'s database:
-    built once per database, table prefix and version in a process (it does not depend on the
-    store's schema), so that a worker checking hundreds of stores before serving them does not
-    run every migration again for each (four fifths of a check's time)."""
-    key = _expected_key(conn, names, tables, version)
+    """The catalog the migrations up to ``version`` create (and, for ``storage`` =
+    "partitioned", what apply makes of a new store of that mode), as read on ``conn``'s
+    database: built once per database, table prefix, version and mode in a process (it does
+    not depend on the store's schema), so that a worker checking hundreds of stores before
+    serving them does not run every migration again for each (four fifths of a check's time)."""
+    key = (*_expected_key(conn, names, tables, version), storage)
     found = _EXPECTED.get(key)
     if found is None:
-        found = await _expected_catalog(conn, cursor, names, tables, version)
+        found = await _expected_catalog(conn, cursor, names, tables, version, storage=storage)
         if len(_EXPECTED) >= EXPECTED_KEPT:
             del _EXPECTED[next(iter(_EXPECTED))]  # the oldest entry
         _EXPECTED[key] = found
@@ -258,6 +263,8 @@ async def _expected_catalog(
     names: StoreNames,
     tables: Sequence[str],
     version: int,
+    *,
+    storage: str,
 ) -> Catalog:
     temp = StoreNames(_TEMP, names.prefix)
     queries = queries_for(names)
@@ -265,6 +272,8 @@ async def _expected_catalog(
         for migration in migrations():
             if migration.version <= version:
                 await cursor.execute(compose(migration.template, temp))
+        if storage == "partitioned":
+            await cursor.execute(queries_for(temp)["partitioned_create_tables"])
         await cursor.execute(queries["catalog_temp_schema_oid"])
         row = await cursor.fetchone()
         assert row is not None

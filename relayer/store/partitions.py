@@ -11,7 +11,8 @@ of the database clock, when the store is created and at every rotation.
 Rotation (:func:`rotate`, the store's cleanup leader every ``cleanup_interval``): finish any
 detach left half done (``DETACH ... FINALIZE``), create the partitions ahead, then detach
 (``DETACH ... CONCURRENTLY``) and drop each partition whose upper bound is at or below every
-lane's progress. Each step is idempotent, so rotation may be run twice at once or die halfway.
+lane's progress, once the rows of transactions that were still open then are copied into the
+held table. Each step is idempotent, so rotation may be run twice at once or die halfway.
 A new partition is a CREATE TABLE ... (LIKE ...) then ATTACH PARTITION, which takes SHARE
 UPDATE EXCLUSIVE on the outbox (CREATE TABLE ... PARTITION OF takes ACCESS EXCLUSIVE, which
 would queue every writer and worker behind it); every step that locks the outbox runs with
@@ -30,7 +31,7 @@ from psycopg import sql
 
 from relayer.errors import ConfigurationError, StoreError
 from relayer.settings import StoreSettings
-from relayer.sql import compose, queries_for
+from relayer.sql import compose, compose_with, queries_for
 from relayer.store.driver import Connection, connect
 
 # Partitions kept ahead of the database clock: a writer finds its partition for this many
@@ -236,15 +237,14 @@ async def _rotate(conn: Connection, store: StoreSettings, settle_ms: int) -> Rot
         if partition.detach_pending:  # a DETACH CONCURRENTLY that did not finish
             table = sql.Identifier(names.schema, partition.name)
             await conn.execute(detach + sql.SQL("{} FINALIZE").format(table))
-            await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+            await _drop_detached(conn, store, partition.name)
             finalized.append(partition.name)
     cursor = await conn.execute(
         queries_for(names)["partitioned_leftovers"],
         {"schema": names.schema, "prefix": f"{names.prefix}op_", "mark": DROPPING},
     )
     for (leftover,) in await cursor.fetchall():  # detached by a rotation that died: drop it
-        table = sql.Identifier(names.schema, leftover)
-        await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        await _drop_detached(conn, store, leftover)
         finalized.append(leftover)
     async with conn.transaction():
         created = await ensure_partitions(conn, store)
@@ -267,6 +267,18 @@ async def _rotate(conn: Connection, store: StoreSettings, settle_ms: int) -> Rot
             sql.SQL("COMMENT ON TABLE {} IS {}").format(table, sql.Literal(DROPPING))
         )
         await conn.execute(detach + sql.SQL("{} CONCURRENTLY").format(table))
-        await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        await _drop_detached(conn, store, partition.name)
         dropped.append(partition.name)
     return Rotation(tuple(created), tuple(dropped), tuple(finalized))
+
+
+async def _drop_detached(conn: Connection, store: StoreSettings, name: str) -> None:
+    """Drop a partition rotation detached, once its pending rows are in the held table: the
+    rows of writers whose transactions were open when rotation found the partition passed
+    (the detach waited for them to end), in one transaction with the drop."""
+    names = store.names
+    table = sql.Identifier(names.schema, name)
+    rescue = compose_with("partitioned_rescue", names, partition=table)
+    async with conn.transaction():
+        await conn.execute(rescue)
+        await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))

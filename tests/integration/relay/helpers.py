@@ -66,13 +66,15 @@ def write(
 
 
 def pending(store: StoreSettings) -> int:
-    """The rows not sent yet (partitioned storage: held rows, and rows above progress)."""
+    """The rows not sent yet (partitioned storage: held rows, rows above progress, and rows
+    whose transaction the lane's progress snapshot did not see)."""
     prefix = store.table_prefix
     query = f"SELECT count(*) FROM {prefix}outbox"
     if store.storage == "partitioned":
         query = (
             f"SELECT (SELECT count(*) FROM {prefix}held) + (SELECT count(*) FROM {prefix}outbox "
-            f"AS o JOIN {prefix}progress AS g ON g.lane = o.lane WHERE o.id > g.done_id)"
+            f"AS o JOIN {prefix}progress AS g ON g.lane = o.lane WHERE o.id > g.done_id "
+            "OR NOT pg_visible_in_snapshot(o.xid, g.snap))"
         )
     with psycopg.connect(store.require_dsn()) as conn:
         row = conn.execute(query).fetchone()
