@@ -10,9 +10,10 @@ their readers.
   progress advances past it (and it is not copied into the held table), or when it is deleted
   from the held table. A trigger on the progress table records each change of a lane's
   progress (the lane, the old and new ``done_id``, whether the changing transaction held the
-  lane's lease row, and its snapshot), one on the held table records each row copied into it, and the delete trigger
-  records each row deleted from it. A row is *removed* once for each advance whose range holds
-  it, minus once if it was copied into the held table, plus once for its delete from there.
+  lane's lease row, and its snapshot), one on the held table records each row copied into it
+  (by an advance, or by rotation before it drops a partition), and the delete trigger records
+  each row deleted from it. A row is *removed* once for each advance whose range holds it,
+  minus once if it was copied into the held table, plus once for its delete from there.
 - Both modes: a trigger on the parked table records every park (tests/chaos/test_stall.py).
 """
 
