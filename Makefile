@@ -52,9 +52,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/relay.py
 	$(BIN)/python bench/dispatch.py
 
-# Every fault-injection scenario of tests/chaos (about 6 minutes; `make test` runs a smoke subset).
+# Every fault-injection scenario of tests/chaos, in both storage modes (about 20 minutes;
+# STORAGE=delete or STORAGE=partitioned runs one mode; `make test` runs a smoke subset).
 # The clock-skew scenario preloads libfaketime, the PgBouncer ones run Debian's pgbouncer: each
 # installed here when missing and apt-get can run (as root), otherwise those scenarios skip.
+STORAGE ?= both
 chaos: $(STAMP)
 	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || \
 		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
@@ -66,7 +68,7 @@ chaos: $(STAMP)
 		  { apt-get install -y -qq pgbouncer >/dev/null 2>&1 || \
 		    { apt-get update -qq >/dev/null && apt-get install -y -qq pgbouncer >/dev/null; }; }; } || \
 		echo "pgbouncer is not installed: the PgBouncer scenarios will be skipped"
-	$(BIN)/pytest -m chaos tests/chaos
+	$(BIN)/pytest -m chaos tests/chaos --storage $(STORAGE)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist site *.egg-info

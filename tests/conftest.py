@@ -40,6 +40,16 @@ hypothesis_settings.load_profile("relayer")
 _database_numbers = itertools.count()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--storage",
+        choices=("delete", "partitioned", "both"),
+        default="both",
+        help="the storage modes the chaos scenarios run in (tests/chaos/conftest.py): each "
+        "scenario runs in its modes that this selects (default: both)",
+    )
+
+
 def with_database(dsn: str, database: str) -> str:
     """``dsn`` pointing at another database on the same server."""
     if "://" in dsn:

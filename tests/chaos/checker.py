@@ -10,12 +10,18 @@ got, and the table of results printed at the end of the session (copied to docs/
   later ones. Its late send shows up as a *late copy*: a duplicate that lands after a newer
   row of its key (counted, not an error; consumers deduplicate).
 - I3: duplicates per lane at most batch_size for each fault injected.
-- I4: the outbox drained, apart from parked keys (reported).
-- I5: every committed delete of an outbox row was made by the transaction that held its
-  lane's lease row: the audit trigger records whether the lease row's current version was
-  written by the deleting transaction, or is locked by it (a batch whose lease has more than
-  half left only locks the row); either way the row stays locked until the transaction ends.
-  A stale owner's delete would be recorded with ``lease_mine = false``.
+- I4: no row is left pending, apart from parked keys (reported). Pending as ``relayer status``
+  counts it: in delete mode the outbox's rows; in partitioned mode the held rows and the
+  outbox rows above their lane's progress (sent rows stay in the partitions until rotation
+  drops them).
+- I5: every committed removal of a row from the pending set was made by the transaction that
+  held its lane's lease row, and each committed row was removed once: in delete mode its
+  delete from the outbox; in partitioned mode the advance of its lane's progress past it, its
+  copy into the held table and its delete from there (tests/chaos/audit.py). The audit
+  triggers record whether the lease row's current version was written by the removing
+  transaction, or is locked by it (a batch whose lease has more than half left only locks the
+  row); either way the row stays locked until the transaction ends. A stale owner's removal
+  would be recorded with ``lease_mine = false``.
 """
 
 from __future__ import annotations
@@ -37,8 +43,8 @@ class Written:
 
 @dataclass(frozen=True, slots=True)
 class Audit:
-    deletes: int  # committed deletes of outbox rows
-    stale: int  # of them, made without holding the lane's lease row
+    deletes: int  # committed removals of rows from the pending set (I5 above)
+    stale: int  # removals (partitioned mode: advances too) made without the lane's lease row
 
 
 @dataclass(slots=True)
@@ -103,8 +109,8 @@ class Report:
             found.append(f"I4: {self.pending} rows still pending ({self.parked} parked keys)")
         if self.audit.stale or self.audit.deletes != self.rows:
             found.append(
-                f"I5: {self.audit.stale} deletes by a stale owner; {self.audit.deletes} "
-                f"deletes audited for {self.rows} committed rows"
+                f"I5: {self.audit.stale} removals by a stale owner; {self.audit.deletes} "
+                f"removals audited for {self.rows} committed rows"
             )
         if self.unclean_exits:
             found.append(f"{self.unclean_exits} workers exited with an error or were killed")

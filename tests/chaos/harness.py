@@ -8,12 +8,17 @@ and the database-side records the checker reads.
 - Through PgBouncer (``bouncer``): the proxy sits between the workers and PgBouncer in
   transaction mode, the workers' stores say ``pooler = "transaction"`` and the writer writes
   through PgBouncer too; the checker's reads stay direct.
-- The writer is a thread with its own connection. Each transaction writes rows for
-  random keys, bodies ``key#seq`` with a sequence number per key, and records the ids in the
-  table ``chaos_written`` in the same transaction: the committed set is exactly that table,
-  even when the writer lost its connection during a COMMIT.
-- An ``AFTER DELETE`` trigger on the outbox records each committed delete and whether the
-  deleting transaction held the lane's lease row (I5, see tests/chaos/checker.py).
+- The writers are threads, each with its own connection and its own share of the keys (so
+  each key's ids are in commit order), together writing ``rows_per_second``. Each
+  transaction writes rows for random keys of its writer, bodies ``key#seq`` with a sequence
+  number per key, and records the ids in the table ``chaos_written`` in the same transaction:
+  the committed set is exactly that table, even when the writer lost its connection during a
+  COMMIT. Two writers commit concurrently: a lane can send one's newer rows while the other's
+  older ones are not committed yet (docs/storage.md#what-is-not-done-yet).
+- The store is in either storage mode (docs/storage.md); triggers record each row leaving
+  the pending set and whether the transaction that removed it held the lane's lease row (I5,
+  see tests/chaos/audit.py and tests/chaos/checker.py). A partitioned store's partitions span
+  a minute and its cleanup runs every few seconds, so rotation runs during the longer runs.
 """
 
 from __future__ import annotations
@@ -35,11 +40,19 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from relayer import Outbox, OutboxMessage
+from relayer import Outbox, OutboxMessage, lane_for
 from relayer.settings import StoreSettings
+from relayer.settings.stores import Storage
 from tests.acceptance.cli import command, environment
+from tests.chaos.audit import (
+    backlog,
+    install_audit,
+    read_audit,
+    read_written,
+    removals_of,
+)
 from tests.chaos.brokers import KafkaTarget
-from tests.chaos.checker import Audit, Report, Written
+from tests.chaos.checker import Report
 from tests.chaos.proxy import LoopThread, Proxy
 from tests.conftest import apply_schema, make_store
 from tests.contract.brokers import Received
@@ -59,8 +72,13 @@ class Settings:
     retry_backoff_max: float | None = None  # None: retry_backoff x 4
     max_attempts: int = 10
     keys: int = 200
-    rows_per_second: int = 300
+    rows_per_second: int = 300  # of all writers together
+    writers: int = 2
     rows_per_transaction: int = 10
+    # Partitioned storage only: the shortest span, and a cleanup (which rotates the
+    # partitions) every few seconds, so that partitions are dropped while the faults happen.
+    partition_span: str = "1m"
+    cleanup_interval: float = 5.0
 
 
 class Target(Protocol):
@@ -78,115 +96,6 @@ class Target(Protocol):
 # Before a committed row the broker did not give back is counted lost, a topic is read once
 # more, from its start, with a fresh consumer, this long after the first read ended.
 REREAD_AFTER = 5.0
-
-
-_AUDIT_SQL = """
-CREATE TABLE chaos_written (id uuid PRIMARY KEY, key text NOT NULL, seq int NOT NULL);
-CREATE TABLE chaos_deletes (
-    id uuid NOT NULL, lane int, client_port int, lease_owner text, lease_mine bool,
-    lease_live bool, attempts int, at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE TABLE chaos_parks (
-    key text NOT NULL, attempts int, waits_for_operator bool, error text,
-    at timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE FUNCTION chaos_audit_delete() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO chaos_deletes (id, lane, client_port, lease_owner, lease_mine, lease_live,
-                               attempts)
-    SELECT OLD.id, OLD.lane, inet_client_port(), l.owner,
-           coalesce(l.xmin = pg_current_xact_id()::xid OR l.xmax = pg_current_xact_id()::xid,
-                    false),
-           coalesce(l.expires_at > clock_timestamp(), false), OLD.attempts
-    FROM (SELECT 1) AS one
-    LEFT JOIN {leases} AS l ON l.lane = OLD.lane;
-    RETURN OLD;
-END
-$$;
-CREATE TRIGGER chaos_audit AFTER DELETE ON {outbox}
-    FOR EACH ROW EXECUTE FUNCTION chaos_audit_delete();
-CREATE FUNCTION chaos_audit_park() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO chaos_parks (key, attempts, waits_for_operator, error)
-    VALUES (NEW.ordering_key, NEW.attempts, NEW.retry_at IS NULL, NEW.last_error);
-    RETURN NEW;
-END
-$$;
-CREATE TRIGGER chaos_audit_park AFTER INSERT OR UPDATE ON {parked}
-    FOR EACH ROW EXECUTE FUNCTION chaos_audit_park();
-"""
-
-
-def install_audit(store: StoreSettings) -> None:
-    statement = sql.SQL(_AUDIT_SQL).format(
-        leases=sql.Identifier(store.names.table("leases")),
-        outbox=sql.Identifier(store.names.table("outbox")),
-        parked=sql.Identifier(store.names.table("parked")),
-    )
-    with psycopg.connect(store.require_dsn(), autocommit=True) as conn:
-        conn.execute(statement)
-
-
-def read_written(store: StoreSettings) -> dict[uuid.UUID, Written]:
-    with psycopg.connect(store.require_dsn()) as conn:
-        rows = conn.execute("SELECT id, key, seq FROM chaos_written ORDER BY id").fetchall()
-    return {row[0]: Written(row[1], row[2]) for row in rows}
-
-
-def read_audit(store: StoreSettings) -> Audit:
-    with psycopg.connect(store.require_dsn()) as conn:
-        row = conn.execute(
-            "SELECT count(*), count(*) FILTER (WHERE NOT lease_mine) FROM chaos_deletes"
-        ).fetchone()
-    assert row is not None
-    return Audit(int(row[0]), int(row[1]))
-
-
-@dataclass(frozen=True, slots=True)
-class Counted:
-    """What the relay counted against rows and keys in a run (from the audit tables)."""
-
-    attempted_rows: int  # rows (deleted or pending) with at least one attempt counted
-    most_attempts: int
-    parked_keys: int  # distinct keys ever parked
-    operator_keys: int  # distinct keys that ever waited for an operator (retry_at NULL)
-    errors: tuple[str, ...]  # the most frequent park errors, a few
-
-
-def read_counted(store: StoreSettings) -> Counted:
-    outbox = sql.Identifier(store.names.table("outbox"))
-    with psycopg.connect(store.require_dsn()) as conn:
-        row = conn.execute(
-            sql.SQL(
-                "SELECT count(*) FILTER (WHERE attempts > 0), coalesce(max(attempts), 0) "
-                "FROM (SELECT attempts FROM chaos_deletes UNION ALL SELECT attempts FROM {}) a"
-            ).format(outbox)
-        ).fetchone()
-        parks = conn.execute(
-            "SELECT count(DISTINCT key), count(DISTINCT key) FILTER (WHERE waits_for_operator) "
-            "FROM chaos_parks"
-        ).fetchone()
-        errors = conn.execute(
-            "SELECT left(error, 300) FROM chaos_parks GROUP BY 1 ORDER BY count(*) DESC LIMIT 3"
-        ).fetchall()
-    assert row is not None and parks is not None
-    return Counted(
-        int(row[0]), int(row[1]), int(parks[0]), int(parks[1]), tuple(e[0] for e in errors)
-    )
-
-
-def deletes_of(store: StoreSettings, ids: list[str]) -> list[str]:
-    """How the audit saw rows deleted (for lost rows: who deleted them, when, holding what)."""
-    with psycopg.connect(store.require_dsn()) as conn:
-        rows = conn.execute(
-            "SELECT id, lane, lease_owner, lease_mine, lease_live, at FROM chaos_deletes "
-            "WHERE id = ANY(%s::uuid[]) ORDER BY at",
-            (ids,),
-        ).fetchall()
-    return [
-        f"{row[0]} lane {row[1]} deleted by {row[2]} (mine {row[3]}, live {row[4]}) at {row[5]}"
-        for row in rows
-    ]
 
 
 RECORDER = Path(__file__).parent / "recorder"  # the workers' delivery-report recorder
@@ -270,19 +179,6 @@ def lost_account(lines: list[str], received: list[Received]) -> str:
     )
 
 
-def backlog(store: StoreSettings) -> tuple[int, int]:
-    """(rows pending, parked keys)."""
-    outbox, parked = store.names.table("outbox"), store.names.table("parked")
-    with psycopg.connect(store.require_dsn()) as conn:
-        row = conn.execute(
-            sql.SQL("SELECT (SELECT count(*) FROM {}), (SELECT count(*) FROM {})").format(
-                sql.Identifier(outbox), sql.Identifier(parked)
-            )
-        ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
 def live_members(store: StoreSettings) -> int:
     leases = store.names.table("leases")
     with psycopg.connect(store.require_dsn()) as conn:
@@ -296,10 +192,14 @@ def live_members(store: StoreSettings) -> int:
 
 
 class Writer(threading.Thread):
-    """Writes ``rows_per_second`` rows until stopped; see the module docstring."""
+    """Writes its share of ``rows_per_second`` rows, for its share of the keys, until stopped;
+    see the module docstring."""
 
-    def __init__(self, store: StoreSettings, destination: str, settings: Settings) -> None:
-        super().__init__(name="chaos-writer", daemon=True)
+    def __init__(
+        self, store: StoreSettings, destination: str, settings: Settings, number: int = 0
+    ) -> None:
+        super().__init__(name=f"chaos-writer-{number}", daemon=True)
+        self.number = number
         self.store = store
         # The application's own statements: behind a transaction pooler none is prepared.
         self.prepare_threshold = None if store.pooler == "transaction" else 5
@@ -309,12 +209,15 @@ class Writer(threading.Thread):
         self.failures = 0
         self.commits = 0
         self._sequence: dict[str, int] = {}
+        self._lanes: dict[str, int] = {}
 
     def run(self) -> None:
-        rng = random.Random(7)
+        rng = random.Random(7 + self.number)
         outbox = Outbox(self.store)
-        keys = [f"key-{number}" for number in range(self.settings.keys)]
-        pause = self.settings.rows_per_transaction / self.settings.rows_per_second
+        share = self.settings.writers
+        keys = [f"key-{n}" for n in range(self.settings.keys) if n % share == self.number]
+        self._lanes = {key: lane_for(key, self.settings.lanes) for key in keys}
+        pause = self.settings.rows_per_transaction * share / self.settings.rows_per_second
         conn: psycopg.Connection[Any] | None = None
         next_at = time.monotonic()
         while not self.stopping.is_set():
@@ -353,9 +256,9 @@ class Writer(threading.Thread):
         ]
         ids = outbox.write_many(conn, messages)
         conn.execute(
-            "INSERT INTO chaos_written (id, key, seq) "
-            "SELECT * FROM unnest(%s::uuid[], %s::text[], %s::int[])",
-            (ids, keys, sequences),
+            "INSERT INTO chaos_written (id, key, seq, lane) "
+            "SELECT * FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::int[])",
+            (ids, keys, sequences, [self._lanes[key] for key in keys]),
         )
         conn.commit()
 
@@ -469,7 +372,7 @@ pool_size = {settings.pool_size}
 dsn = "{dsn}"
 pooler = "{pooler}"
 table_prefix = "{store.table_prefix}"
-lanes = {settings.lanes}
+{storage_toml(store, settings)}lanes = {settings.lanes}
 lease_duration = "{settings.lease}s"
 poll_interval = "{settings.poll}s"
 batch_size = {settings.batch_size}
@@ -481,6 +384,16 @@ default_transport = "broker"
 [stores.orders.transports.broker]
 {transport}
 """
+
+
+def storage_toml(store: StoreSettings, settings: Settings) -> str:
+    if store.storage == "delete":
+        return ""
+    return (
+        f'storage = "{store.storage}"\n'
+        f'partition_span = "{settings.partition_span}"\n'
+        f'cleanup_interval = "{settings.cleanup_interval}s"\n'
+    )
 
 
 def via_proxy(dsn: str, port: int) -> str:
@@ -513,13 +426,18 @@ class Run:
         *,
         extra_env: Callable[[int], dict[str, str]] = lambda slot: {},
         bouncer: PgBouncer | None = None,
+        storage: Storage = "delete",
     ) -> None:
         self.report = report
         self.settings = settings
         self.loop = loop
         self.target = target
         self.bouncer = bouncer
-        self.store = make_store(dsn, lanes=settings.lanes)  # direct: schema, audit, checks
+        modes: dict[str, str] = {"storage": storage}
+        if storage == "partitioned":
+            modes["partition_span"] = settings.partition_span
+        # Direct: the schema, the audit, the checks.
+        self.store = make_store(dsn, lanes=settings.lanes, **modes)
         relayed, pooler = (
             (dsn, "none") if bouncer is None else (bouncer.dsn_for(dsn), "transaction")
         )
@@ -539,13 +457,16 @@ class Run:
             report.workers,
             lambda slot: {**recording, **extra_env(slot)},
         )
-        writes = make_store(relayed, lanes=settings.lanes, pooler=pooler)
-        self.writer = Writer(writes, target.destination, settings)
+        writes = make_store(relayed, lanes=settings.lanes, pooler=pooler, **modes)
+        self.writers = [
+            Writer(writes, target.destination, settings, number)
+            for number in range(settings.writers)
+        ]
         self.started = time.monotonic()
 
     def start(self) -> None:
         """Apply the schema and the audit, start the workers, wait until each is a member,
-        start the writer."""
+        start the writers."""
         self.loop.run(apply_schema(self.store))
         install_audit(self.store)
         self.workers.start()
@@ -555,22 +476,26 @@ class Run:
             assert time.monotonic() < deadline, "the workers did not join within 30 s"
             time.sleep(0.1)
         self.started = time.monotonic()
-        self.writer.start()
+        for writer in self.writers:
+            writer.start()
 
     def injected(self, count: int = 1) -> None:
         self.report.injections += count
 
     def finish(self, drain_seconds: float = 40) -> Report:
-        """Stop the writer, wait for the outbox to drain, stop the workers, read the broker,
+        """Stop the writers, wait until nothing is pending, stop the workers, read the broker,
         and compute the report (the caller asserts ``report.problems()`` is empty)."""
         from tests.chaos.checker import check
 
-        self.writer.stop()
+        for writer in self.writers:
+            writer.stopping.set()
+        for writer in self.writers:
+            writer.stop()
         deadline = time.monotonic() + drain_seconds
-        pending, parked = backlog(self.store)
+        pending, parked = backlog(self.store, self.loop)
         while pending > 0 and time.monotonic() < deadline:
             time.sleep(0.2)
-            pending, parked = backlog(self.store)
+            pending, parked = backlog(self.store, self.loop)
         self.report.pending, self.report.parked = pending, parked
         self.report.seconds = time.monotonic() - self.started
         self.workers.wait_serving()
@@ -608,7 +533,7 @@ class Run:
         self.report.audit = read_audit(self.store)
         if self.report.lost:
             examples = list(self.report.lost_examples)  # ids only
-            self.report.lost_examples += deletes_of(self.store, examples)
+            self.report.lost_examples += removals_of(self.store, examples)
             if isinstance(self.target, KafkaTarget):
                 self.report.lost_examples += acknowledgements_of(
                     self.folder, examples, received, self.target.read_errors
@@ -639,7 +564,8 @@ class Run:
         return self.report
 
     def close(self) -> None:
-        self.writer.stopping.set()
+        for writer in self.writers:
+            writer.stopping.set()
         with contextlib.suppress(Exception):
             self.workers.stop()
         with contextlib.suppress(Exception):

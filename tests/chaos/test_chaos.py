@@ -1,11 +1,13 @@
-"""Chaos scenarios: three ``relayer run orders`` workers, a steady writer and one kind of fault
-each; then the checker verifies I1-I5 (tests/chaos/checker.py) and the result goes into the
-table printed at the end of the session (docs/chaos.md).
+"""Chaos scenarios: three ``relayer run orders`` workers, two steady writers and one kind of
+fault each; then the checker verifies I1-I5 (tests/chaos/checker.py) and the result goes into
+the table printed at the end of the session (docs/chaos.md).
 
-``make chaos`` runs every scenario (marker ``chaos``); ``make test`` runs the short smoke
-versions (marker ``chaos_smoke``) of SIGKILL-before-delete and pg_terminate_backend (and, in
-tests/chaos/test_pgbouncer.py, of SIGKILL and a restart through PgBouncer), and the smokes of
-the HTTP transports (a stall and resets through the proxy in front of their endpoint).
+``make chaos`` runs every scenario (marker ``chaos``) in both storage modes (docs/storage.md;
+``make chaos STORAGE=delete`` or ``STORAGE=partitioned`` runs one); ``make test`` runs the
+short smoke versions (marker ``chaos_smoke``), in delete mode, of SIGKILL-before-delete (in
+partitioned mode too) and pg_terminate_backend (and, in tests/chaos/test_pgbouncer.py, of
+SIGKILL and a restart through PgBouncer), and the smokes of the HTTP transports (a stall and
+resets through the proxy in front of their endpoint).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from relayer.embedded import EmbeddedPostgres
+from relayer.settings.stores import Storage
 from tests.chaos.brokers import KafkaTarget, RabbitTarget, SQSTarget, WebhookTarget
 from tests.chaos.checker import RESULTS, Report
 from tests.chaos.faults import StatementFaults, faketime_library, terminate
@@ -45,14 +48,26 @@ def relay(
     prepare: Callable[[Run], None] = lambda run: None,
     extra_env: Callable[[int], dict[str, str]] = lambda slot: {},
     bouncer: PgBouncer | None = None,
+    storage: Storage = "delete",
 ) -> Report:
-    """Run ``scenario`` while the writer writes for ``seconds``, check, record, assert
-    (through ``bouncer``, PgBouncer in transaction mode, when given)."""
+    """Run ``scenario`` while the writer writes for ``seconds`` on a store of ``storage``
+    mode, check, record, assert (through ``bouncer``, PgBouncer in transaction mode, when
+    given)."""
     name = request.node.name
     report = Report(name, fault, target.name, WORKERS, SETTINGS.batch_size, injections=0)
     marker = "chaos_smoke" if request.node.get_closest_marker("chaos_smoke") else "chaos"
     report.command = f"pytest -m {marker} tests/chaos -k {name}"
-    run = Run(report, dsn, tmp_path, loop, target, SETTINGS, extra_env=extra_env, bouncer=bouncer)
+    run = Run(
+        report,
+        dsn,
+        tmp_path,
+        loop,
+        target,
+        SETTINGS,
+        extra_env=extra_env,
+        bouncer=bouncer,
+        storage=storage,
+    )
     prepare(run)
     try:
         with running(run):
@@ -160,8 +175,9 @@ def test_baseline(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
-    relay(request, "none", kafka, pg_dsn, tmp_path, loop, no_fault, FULL)
+    relay(request, "none", kafka, pg_dsn, tmp_path, loop, no_fault, FULL, storage=storage)
 
 
 @pytest.mark.chaos
@@ -171,6 +187,7 @@ def test_kill_before_delete(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -181,16 +198,19 @@ def test_kill_before_delete(
         loop,
         kill_before_delete,
         FULL,
+        storage=storage,
     )
 
 
 @pytest.mark.chaos_smoke
+@pytest.mark.storages("delete", "partitioned")
 def test_smoke_kill_before_delete(
     request: pytest.FixtureRequest,
     kafka: KafkaTarget,
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -201,6 +221,7 @@ def test_smoke_kill_before_delete(
         loop,
         kill_before_delete,
         SMOKE,
+        storage=storage,
     )
 
 
@@ -211,6 +232,7 @@ def test_kill_during_commit(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -221,6 +243,7 @@ def test_kill_during_commit(
         loop,
         kill_during_commit,
         FULL,
+        storage=storage,
     )
 
 
@@ -231,6 +254,7 @@ def test_stop_past_lease(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -241,6 +265,7 @@ def test_stop_past_lease(
         loop,
         stop_past_lease,
         FULL,
+        storage=storage,
     )
 
 
@@ -251,6 +276,7 @@ def test_terminate_backends(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -261,6 +287,7 @@ def test_terminate_backends(
         loop,
         terminate_backends,
         FULL,
+        storage=storage,
     )
 
 
@@ -291,6 +318,7 @@ def test_postgres_restart(
     own_postgres: tuple[EmbeddedPostgres, str],
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     server = own_postgres[0]
 
@@ -308,6 +336,7 @@ def test_postgres_restart(
         loop,
         restart,
         FULL,
+        storage=storage,
     )
 
 
@@ -318,6 +347,7 @@ def test_postgres_proxy(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -328,6 +358,7 @@ def test_postgres_proxy(
         loop,
         postgres_proxy_faults,
         FULL,
+        storage=storage,
     )
 
 
@@ -338,6 +369,7 @@ def test_lost_notify(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     def lose_notifications(run: Run) -> None:
         run.pg_proxy.drop_notifications = True
@@ -356,6 +388,7 @@ def test_lost_notify(
         dropped,
         FULL,
         prepare=lose_notifications,
+        storage=storage,
     )
 
 
@@ -366,6 +399,7 @@ def test_kafka_broker_restart(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     target = kafka
 
@@ -383,6 +417,7 @@ def test_kafka_broker_restart(
         loop,
         restart,
         FULL,
+        storage=storage,
     )
 
 
@@ -393,6 +428,7 @@ def test_kafka_proxy(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     target = kafka
 
@@ -408,6 +444,7 @@ def test_kafka_proxy(
         loop,
         faults,
         FULL,
+        storage=storage,
     )
 
 
@@ -421,6 +458,7 @@ def test_rabbitmq_close_connections(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     target = rabbitmq
 
@@ -439,6 +477,7 @@ def test_rabbitmq_close_connections(
         loop,
         close,
         FULL,
+        storage=storage,
     )
 
 
@@ -449,6 +488,7 @@ def test_rabbitmq_proxy(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     target = rabbitmq
 
@@ -465,6 +505,7 @@ def test_rabbitmq_proxy(
         loop,
         faults,
         FULL,
+        storage=storage,
     )
 
 
@@ -475,6 +516,7 @@ def test_rabbitmq_kill_before_delete(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -485,6 +527,7 @@ def test_rabbitmq_kill_before_delete(
         loop,
         kill_before_delete,
         FULL,
+        storage=storage,
     )
 
 
@@ -563,6 +606,7 @@ def test_clock_skew(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     # On RabbitMQ: librdkafka's timed waits hang or spin under libfaketime (its threads wait on
     # absolute times that the preload shifts), which would test libfaketime, not relayer.
@@ -589,4 +633,5 @@ def test_clock_skew(
         skew,
         FULL,
         extra_env=skewed,
+        storage=storage,
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from relayer.settings.stores import Storage
 from tests.chaos.brokers import KafkaTarget
 from tests.chaos.harness import Run
 from tests.chaos.proxy import LoopThread
@@ -48,6 +49,7 @@ def test_pgbouncer_kill_before_delete(
     bouncer: PgBouncer,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -59,6 +61,7 @@ def test_pgbouncer_kill_before_delete(
         kill_before_delete,
         FULL,
         bouncer=bouncer,
+        storage=storage,
     )
 
 
@@ -70,6 +73,7 @@ def test_pgbouncer_restart(
     bouncer: PgBouncer,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -81,6 +85,7 @@ def test_pgbouncer_restart(
         restart_pgbouncer(bouncer),  # type: ignore[arg-type]
         FULL,
         bouncer=bouncer,
+        storage=storage,
     )
 
 
@@ -92,6 +97,7 @@ def test_pgbouncer_proxy(
     bouncer: PgBouncer,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -103,6 +109,7 @@ def test_pgbouncer_proxy(
         postgres_proxy_faults,
         FULL,
         bouncer=bouncer,
+        storage=storage,
     )
 
 
@@ -114,6 +121,7 @@ def test_pgbouncer_stop_past_lease(
     bouncer: PgBouncer,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -125,6 +133,7 @@ def test_pgbouncer_stop_past_lease(
         stop_past_lease,
         FULL,
         bouncer=bouncer,
+        storage=storage,
     )
 
 
@@ -136,6 +145,7 @@ def test_pgbouncer_terminate_backends(
     bouncer: PgBouncer,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
     relay(
         request,
@@ -147,6 +157,7 @@ def test_pgbouncer_terminate_backends(
         terminate_backends_all,
         FULL,
         bouncer=bouncer,
+        storage=storage,
     )
 
 

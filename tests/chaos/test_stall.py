@@ -6,7 +6,8 @@ broker answers again, and everything drains with nothing lost. SIGTERM during su
 stops a worker within ``lease_duration / 2`` + 1 s, with exit status 0 and no uncaught
 exception, leaving the unacknowledged rows to the next owner.
 
-``make chaos`` runs the 45 s stalls of the issue (marker ``chaos``); ``make test`` runs
+``make chaos`` runs the 45 s stalls of the issue (marker ``chaos``, in both storage modes);
+``make test`` runs
 shorter ones (several leases long and past ``retry_backoff_max``) and the SIGTERM scenario,
 on Kafka and RabbitMQ, and on NATS JetStream, Redis Streams, webhooks and SQS (moto) too.
 """
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from relayer.settings.stores import Storage
+from tests.chaos.audit import Counted, read_counted
 from tests.chaos.brokers import (
     KafkaTarget,
     NatsTarget,
@@ -32,12 +35,10 @@ from tests.chaos.brokers import (
 )
 from tests.chaos.checker import RESULTS, Report
 from tests.chaos.harness import (
-    Counted,
     Run,
     Settings,
     Target,
     live_members,
-    read_counted,
     running,
 )
 from tests.chaos.proxy import LoopThread, Proxy
@@ -125,11 +126,13 @@ def stalled(
     loop: LoopThread,
     seconds: float,
     settings: Settings = SETTINGS,
+    storage: Storage = "delete",
 ) -> StallReport:
-    """Write, stall the broker for ``seconds`` while writing on, resume, drain, check."""
+    """Write, stall the broker for ``seconds`` while writing on, resume, drain, check (on a
+    store of ``storage`` mode)."""
     proxy = proxy_of(target)
     report = new_report(request, f"silent broker stall, {seconds:g} s", target)
-    run = Run(report, dsn, tmp_path, loop, target, settings)
+    run = Run(report, dsn, tmp_path, loop, target, settings, storage=storage)
     try:
         with running(run):
             hold(run, FLOWING)
@@ -252,8 +255,9 @@ def test_rabbitmq_long_stall(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
-    stalled(request, rabbitmq, pg_dsn, tmp_path, loop, LONG_STALL)
+    stalled(request, rabbitmq, pg_dsn, tmp_path, loop, LONG_STALL, storage=storage)
 
 
 def test_rabbitmq_stall(
@@ -293,8 +297,9 @@ def test_kafka_long_stall(
     pg_dsn: str,
     tmp_path: Path,
     loop: LoopThread,
+    storage: Storage,
 ) -> None:
-    stalled(request, kafka_default_close, pg_dsn, tmp_path, loop, LONG_STALL)
+    stalled(request, kafka_default_close, pg_dsn, tmp_path, loop, LONG_STALL, storage=storage)
 
 
 def test_kafka_stall(

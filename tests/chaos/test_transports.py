@@ -1,5 +1,5 @@
-"""Chaos smokes of the NATS JetStream and Redis Streams transports: three workers, a steady
-writer, and the proxy in front of the server stalling every connection past the batch
+"""Chaos smokes of the NATS JetStream and Redis Streams transports: three workers, two steady
+writers, and the proxy in front of the server stalling every connection past the batch
 deadline, then resetting them all, twice. Nothing lost, no first delivery out of order (I1-I5,
 tests/chaos/checker.py). Marked ``chaos_smoke``: ``make test`` runs them."""
 
