@@ -202,8 +202,8 @@ class Wait:
 
 class LockSampler:
     """Looks at pg_locks every ``interval`` seconds for writer or worker sessions waiting on a
-    lock (not the rotation's own session); keeps the longest wait seen (waitstart to the last look that saw it waiting) since
-    the last ``take``, and over the whole run."""
+    lock (not the rotation's own session); keeps the longest wait seen (waitstart to the last
+    look that saw it waiting) since the last ``take``, and over the whole run."""
 
     def __init__(self, dsn: str, interval: float = 0.01) -> None:
         self.dsn = dsn
